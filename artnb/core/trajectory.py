@@ -1,0 +1,211 @@
+"""Trajectories: what one rollout did (messages, trainable turns, reward) and groups of them.
+
+A trajectory's `messages_and_choices` mixes OpenAI message dicts (context, never trained) with OpenAI `Choice`
+objects straight from `chat.completions.create(...).choices[0]` (trainable turns: they carry the sampling
+logprobs and the engine's token ids). Groups are the unit GRPO compares; `TrajectoryGroup(...)` given
+coroutines returns an awaitable that runs them and keeps failures in `group.exceptions`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+import traceback
+from collections.abc import Awaitable, Iterable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Message = dict[str, Any]
+MessageOrChoice = Message | Choice
+
+
+def _as_item(item: Any) -> MessageOrChoice:
+    if isinstance(item, (dict, Choice)):
+        return item
+    if isinstance(item, BaseModel) and hasattr(item, "message") and hasattr(item, "finish_reason"):
+        return Choice.model_validate(item.model_dump())  # a Choice from another client library version
+    if isinstance(item, BaseModel) and hasattr(item, "role"):
+        return item.model_dump(exclude_none=True)  # a ChatCompletionMessage the user appended directly
+    raise TypeError(
+        f"messages_and_choices items must be OpenAI message dicts or Choice objects, got {type(item).__name__}; "
+        "append completion.choices[0] for a trainable turn or a {'role': ..., 'content': ...} dict for context"
+    )
+
+
+def choice_to_message(choice: Choice) -> Message:
+    """The assistant message dict a Choice stands for, as the next request's history needs it."""
+    msg = choice.message
+    out: Message = {"role": "assistant", "content": msg.content or ""}
+    if msg.tool_calls:
+        out["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in msg.tool_calls]
+    return out
+
+
+class History(BaseModel):
+    """An extra conversation trained with the trajectory's advantage (sub-agent, summarised context)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    messages_and_choices: list[Any] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _check_items(cls, v: Any) -> list[Any]:
+        return [_as_item(x) for x in v]
+
+    def messages(self) -> list[Message]:
+        return [choice_to_message(x) if isinstance(x, Choice) else x for x in self.messages_and_choices]
+
+
+class Trajectory(History):
+    """One rollout. Set `reward` (and any `metrics`) before returning it from your rollout function."""
+
+    reward: float = 0.0
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    metadata: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    additional_histories: list[History] = Field(default_factory=list)
+    start_time: float = Field(default_factory=time.monotonic, exclude=True)
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def finish(self) -> Trajectory:
+        self.metrics["duration"] = time.monotonic() - self.start_time
+        return self
+
+    @asynccontextmanager
+    async def track_duration(self, name: str):
+        """`async with traj.track_duration("llm"):` adds the elapsed seconds to `metrics["llm_duration"]`."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{name}_duration"
+            self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - start
+
+    def trainable_turns(self) -> int:
+        return sum(isinstance(x, Choice) for h in self.histories() for x in h.messages_and_choices)
+
+    def histories(self) -> list[History]:
+        return [self, *self.additional_histories]
+
+    def for_logging(self) -> dict[str, Any]:
+        """A JSON-friendly record: messages flagged `trainable`, per-token logprobs of trainable turns kept."""
+        messages = []
+        for item in self.messages_and_choices:
+            if isinstance(item, Choice):
+                m = choice_to_message(item)
+                m["trainable"] = True
+                if item.logprobs and item.logprobs.content:
+                    m["logprobs"] = [{"token": t.token, "logprob": t.logprob} for t in item.logprobs.content]
+                messages.append(m)
+            else:
+                messages.append({**item, "trainable": False})
+        return {
+            "reward": self.reward,
+            "metrics": dict(self.metrics),
+            "metadata": dict(self.metadata),
+            "logs": list(self.logs),
+            "tools": self.tools,
+            "messages": messages,
+        }
+
+
+class ExceptionRecord(BaseModel):
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> ExceptionRecord:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type=type(exc).__name__, message=str(exc), traceback=tb)
+
+
+class TrajectoryGroup(BaseModel):
+    """Trajectories of the same scenario, compared with each other by GRPO.
+
+    `TrajectoryGroup([t1, t2])` holds finished trajectories. `TrajectoryGroup(rollout(...) for _ in range(8))`
+    returns an awaitable: `await` it (or pass it to `gather_trajectory_groups`) to run the rollouts.
+    """
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[ExceptionRecord] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+    def __new__(cls, trajectories: Any = None, /, **kwargs: Any):
+        if trajectories is not None and not isinstance(trajectories, list):
+            trajectories = list(trajectories)
+        if trajectories and any(inspect.isawaitable(t) for t in trajectories):
+            return PendingGroup(trajectories, **kwargs)
+        obj = super().__new__(cls)
+        obj.__dict__["_pending_items"] = trajectories
+        return obj
+
+    def __init__(self, trajectories: Any = None, /, **kwargs: Any) -> None:
+        items = self.__dict__.pop("_pending_items", None)
+        if items is None and trajectories is not None:
+            items = list(trajectories)
+        trajs = [t for t in (items or []) if isinstance(t, Trajectory)]
+        errors = [ExceptionRecord.of(t) for t in (items or []) if isinstance(t, BaseException)]
+        bad = [t for t in (items or []) if not isinstance(t, (Trajectory, BaseException))]
+        if bad:
+            raise TypeError(
+                f"TrajectoryGroup items must be Trajectory objects (or awaitables of them), got {type(bad[0]).__name__}"
+            )
+        if "trajectories" in kwargs:
+            trajs = list(kwargs.pop("trajectories")) + trajs
+        errors = list(kwargs.pop("exceptions", [])) + errors
+        super().__init__(trajectories=trajs, exceptions=errors, **kwargs)
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __getitem__(self, i: int) -> Trajectory:
+        return self.trajectories[i]
+
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+class PendingGroup:
+    """A group whose rollouts have not run yet. Awaiting it runs them concurrently."""
+
+    def __init__(self, awaitables: Iterable[Awaitable[Trajectory] | Trajectory], **group_kwargs: Any) -> None:
+        self.awaitables = list(awaitables)
+        self.group_kwargs = group_kwargs
+
+    def __len__(self) -> int:
+        return len(self.awaitables)
+
+    def __await__(self):
+        from .gather import run_group
+
+        return run_group(self).__await__()
+
+
+def check_rewards(groups: Iterable[TrajectoryGroup]) -> None:
+    """Raise naming the trajectory if a reward is not a finite number."""
+    for gi, group in enumerate(groups):
+        for ti, t in enumerate(group.trajectories):
+            r = t.reward
+            if not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r):
+                raise ValueError(
+                    f"group {gi}, trajectory {ti} has reward {r!r}; rewards must be finite numbers. "
+                    "Fix the rollout's reward (e.g. guard a division by zero) before training; nothing was trained."
+                )
+
+
+def dumps_json(obj: Any) -> str:
+    return json.dumps(obj, default=str, ensure_ascii=False)

