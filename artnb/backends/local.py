@@ -1,0 +1,304 @@
+"""LocalBackend: serve and train on this machine, one inference engine and one trainer per registered model.
+
+It owns the step accounting (the step is the newest complete checkpoint on disk, so a killed run resumes where
+it stopped), the train lock (a second `train` waits for the first), holding inference while the trainer runs
+(requests wait, then run on the new adapter), and restarting an engine that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from ..core.config import TrainConfig, TrainerConfig
+from ..core.model import TrainableModel, TrainResult, summarize_groups
+from ..core.store import RunStore
+from ..core.trajectory import TrajectoryGroup
+from ..models import resolve_base_model
+
+log = logging.getLogger("artnb")
+
+
+class EngineDiedError(RuntimeError):
+    """The inference engine process exited; the next request or train call restarts it."""
+
+
+@dataclass
+class _Served:
+    """What the backend keeps per registered model."""
+
+    model: TrainableModel
+    base_path: str
+    store: RunStore
+    engine: Any
+    trainer: Any
+    tokenizer: Any
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class LocalBackend:
+    """Train and serve on this machine.
+
+    Example:
+        async with art.LocalBackend(path="./.art") as backend:
+            await model.register(backend)
+            ...
+
+    engine: "auto" (vLLM when installed, else the HF engine) or "hf".
+    trainer: "auto" or "peft" (torch + PEFT, on CUDA when available, else fp32 on the CPU).
+    """
+
+    def __init__(
+        self,
+        path: str | Path = "./.art",
+        *,
+        engine: Literal["auto", "hf"] = "auto",
+        trainer: Literal["auto", "peft"] = "auto",
+        trainer_config: TrainerConfig | None = None,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        if engine not in ("auto", "hf"):
+            raise ValueError(f"engine={engine!r}: choose 'auto' or 'hf'")
+        if trainer not in ("auto", "peft"):
+            raise ValueError(f"trainer={trainer!r}: choose 'auto' or 'peft'")
+        self.path = Path(path).expanduser().resolve()
+        self.engine_kind = "hf" if engine == "auto" else engine
+        self.trainer_config = trainer_config or TrainerConfig()
+        self.engine_options = dict(engine_options or {})
+        self._served: dict[str, _Served] = {}
+
+    async def __aenter__(self) -> LocalBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop every engine this backend started."""
+        for served in self._served.values():
+            await served.engine.stop()
+        self._served.clear()
+
+    # registration ----------------------------------------------------------------------------------
+    async def register(self, model: TrainableModel) -> None:
+        served = self._served.get(model.name)
+        if served is not None and served.base_path == resolve_base_model(model.base_model):
+            served.model = model
+            await self.ensure_engine(model)
+            self._point_model_at_engine(model, served)
+            return
+        base_path = await asyncio.to_thread(resolve_base_model, model.base_model)
+        store = RunStore(self.path, model.project, model.name)
+        store.clean_partial_checkpoints()
+        store.dir.mkdir(parents=True, exist_ok=True)
+        (store.dir / "model.json").write_text(model.model_dump_json(indent=1))
+        engine = self._make_engine(base_path, model, store)
+        trainer_task = asyncio.create_task(asyncio.to_thread(self._make_trainer, base_path, model))
+        try:
+            await engine.start()
+            trainer, tokenizer = await trainer_task
+        except BaseException:
+            trainer_task.cancel()
+            await engine.stop()
+            raise
+        step = store.latest_step()
+        if step is None:
+            step = 0
+            await asyncio.to_thread(store.write_checkpoint, 0, trainer.save_checkpoint)
+        else:
+            await asyncio.to_thread(trainer.load_checkpoint, store.checkpoint_path(step))
+        served = _Served(model, base_path, store, engine, trainer, tokenizer)
+        self._served[model.name] = served
+        await engine.load_adapter(model.get_inference_name(step), str(store.checkpoint_path(step)))
+        self._point_model_at_engine(model, served)
+
+    def _make_engine(self, base_path: str, model: TrainableModel, store: RunStore):
+        from .engines.process import HFEngine
+
+        return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **self.engine_options)
+
+    def _make_trainer(self, base_path: str, model: TrainableModel):
+        from transformers import AutoTokenizer
+
+        from .trainers.peft_trainer import PeftTrainer
+
+        return PeftTrainer(base_path, model.lora, self.trainer_config), AutoTokenizer.from_pretrained(base_path)
+
+    def _point_model_at_engine(self, model: TrainableModel, served: _Served) -> None:
+        model.inference_base_url = served.engine.base_url
+        model.inference_api_key = served.engine.api_key
+        model.inference_model_name = model.name
+
+    def _get(self, model: TrainableModel) -> _Served:
+        served = self._served.get(model.name)
+        if served is None:
+            raise RuntimeError(f"model {model.name!r} is not registered: call `await model.register(backend)` first")
+        return served
+
+    def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
+        """The HTTP client behind `model.openai_client()`: restarts a dead engine before the next request."""
+        return httpx.AsyncClient(transport=_EngineTransport(self, model), timeout=httpx.Timeout(1200, connect=10))
+
+    async def ensure_engine(self, model: TrainableModel) -> None:
+        """Restart the model's engine if its process died, and load the latest adapter into it."""
+        served = self._get(model)
+        async with served.restart_lock:
+            if served.engine.alive():
+                return
+            code = served.engine.returncode
+            log.warning(
+                "artnb: the inference engine for %r exited (code %s); restarting it. Its log: %s",
+                model.name,
+                code,
+                served.store.logs,
+            )
+            await served.engine.stop()
+            served.engine = self._make_engine(served.base_path, model, served.store)
+            await served.engine.start()
+            step = self.get_step(model)
+            await served.engine.load_adapter(model.get_inference_name(step), str(served.store.checkpoint_path(step)))
+            self._point_model_at_engine(served.model, served)
+
+    # training --------------------------------------------------------------------------------------
+    def get_step(self, model: TrainableModel) -> int:
+        step = RunStore(self.path, model.project, model.name).latest_step()
+        return 0 if step is None else step
+
+    async def train(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Any,
+        *,
+        config: TrainConfig | None = None,
+        log_to_history: bool = True,
+        **options: Any,
+    ) -> TrainResult:
+        """One GRPO step. Keywords override `config` fields, e.g. `backend.train(model, groups, learning_rate=1e-4)`.
+
+        Rollouts are written to trajectories/train/ before training starts, so a failure loses nothing.
+        A batch with nothing to learn from (all rewards equal within every group) still advances the step,
+        with a warning that says why.
+        """
+        from ..core.tokenize import tokenize_groups
+
+        config = _merge_config(config, options)
+        served = self._get(model)
+        groups = [g for g in trajectory_groups]
+        if not all(isinstance(g, TrajectoryGroup) for g in groups):
+            raise TypeError("train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first")
+        async with served.lock:
+            started = time.monotonic()
+            step = self.get_step(model)
+            max_len = config.max_seq_length or served.trainer.max_seq_length
+            batch = await asyncio.to_thread(
+                tokenize_groups,
+                served.tokenizer,
+                groups,
+                scale_rewards=config.scale_rewards,
+                allow_training_without_logprobs=config.allow_training_without_logprobs,
+                max_seq_length=max_len,
+            )
+            if log_to_history:
+                await asyncio.to_thread(served.store.write_trajectories, "train", step, groups)
+            metrics: dict[str, Any] = {f"data/{k}": v for k, v in batch.metrics.items()}
+            if not batch.sequences:
+                warnings.warn(
+                    f"artnb: step {step} had nothing to train on: {batch.skipped_reason}. "
+                    f"The step still advances (checkpoint {step + 1:04d} = {step:04d}).",
+                    stacklevel=2,
+                )
+                path = await asyncio.to_thread(served.store.copy_checkpoint, step, step + 1)
+                await self.ensure_engine(model)
+                await served.engine.load_adapter(model.get_inference_name(step + 1), str(path))
+                metrics["train/skipped"] = 1
+            else:
+                await self.ensure_engine(model)
+                await served.engine.hold()
+                try:
+                    trainer_metrics = await asyncio.to_thread(served.trainer.train, batch.sequences, config)
+                    path = await asyncio.to_thread(
+                        served.store.write_checkpoint, step + 1, served.trainer.save_checkpoint
+                    )
+                    await served.engine.load_adapter(model.get_inference_name(step + 1), str(path))
+                finally:
+                    await served.engine.release()
+                metrics.update({f"train/{k}": v for k, v in trainer_metrics.items()})
+            metrics["time/step_train_s"] = time.monotonic() - started
+            if log_to_history:
+                row = {"step": step, "split": "train"}
+                row.update({f"train/{k}": v for k, v in summarize_groups(groups).items()})
+                row.update(metrics)
+                served.store.append_history(row)
+            return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
+
+    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest. Returns deleted steps."""
+        store = RunStore(self.path, model.project, model.name)
+        steps = store.steps()
+        if not steps:
+            return []
+        keep = {steps[-1]}
+        history = store.history()
+        if best_checkpoint_metric in history.columns:
+            rows = history[["step", best_checkpoint_metric]].dropna()
+            rows = rows[rows["step"].isin(steps)]
+            if len(rows):
+                means = rows.groupby("step")[best_checkpoint_metric].agg(statistics.fmean)
+                keep.add(int(means.idxmax()))
+        else:
+            warnings.warn(
+                f"no {best_checkpoint_metric!r} in the history; keeping only the latest checkpoint. "
+                f"Log it with `await model.log(groups, split='val')` to keep the best one too.",
+                stacklevel=2,
+            )
+        deleted = [s for s in steps if s not in keep]
+        for s in deleted:
+            store.delete_checkpoint(s)
+        return deleted
+
+
+class _EngineTransport(httpx.AsyncBaseTransport):
+    """Forwards requests to the engine; a dead engine is restarted before the next request goes out."""
+
+    def __init__(self, backend: LocalBackend, model: TrainableModel) -> None:
+        self.backend = backend
+        self.model = model
+        self.inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        served = self.backend._get(self.model)
+        if not served.engine.alive():
+            await self.backend.ensure_engine(self.model)
+        # A restarted engine may listen on another port; a client made before the restart still reaches it.
+        port = httpx.URL(served.engine.base_url).port
+        if request.url.port != port:
+            request.url = request.url.copy_with(port=port)
+        try:
+            return await self.inner.handle_async_request(request)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            if not served.engine.alive():
+                raise EngineDiedError(
+                    f"the inference engine for {self.model.name!r} exited (code {served.engine.returncode}) while "
+                    f"serving this request; see its log in {served.store.logs}. The next request restarts it."
+                ) from exc
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _merge_config(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
+    base = config.model_dump(exclude_unset=True) if config is not None else {}
+    unknown = sorted(set(options) - set(TrainConfig.model_fields))
+    if unknown:
+        raise TypeError(f"unknown training option(s) {unknown}; valid options: {sorted(TrainConfig.model_fields)}")
+    return TrainConfig(**{**base, **options})

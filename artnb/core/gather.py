@@ -1,0 +1,266 @@
+"""Running rollouts concurrently: groups of trajectories under one progress bar, with tolerated failures.
+
+`gather_trajectory_groups` awaits every group at once, shows one tqdm.auto bar over all trajectories with
+running means of reward and metrics, keeps failed rollouts in `group.exceptions` up to `max_exceptions`, and
+passes each finished group through `after_each` (where RULER scoring plugs in). `retry` wraps a flaky call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
+
+from .trajectory import ExceptionRecord, PendingGroup, Trajectory, TrajectoryGroup
+
+log = logging.getLogger("artnb")
+T = TypeVar("T")
+AfterEach = Callable[[TrajectoryGroup], Any]
+
+
+class TooManyExceptions(RuntimeError):
+    """More rollouts failed than `max_exceptions` allows; the first failure is chained as the cause."""
+
+
+class _Progress:
+    """One bar and the exception budget shared by every rollout of a gather call."""
+
+    def __init__(self, total: int, desc: str, max_exceptions: int | float) -> None:
+        self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
+        self.total = total
+        self.max_exceptions = max_exceptions
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.exceptions = 0
+
+    def allowed_exceptions(self) -> int:
+        m = self.max_exceptions
+        if isinstance(m, float) and 0 < m < 1:
+            return math.floor(m * max(self.total, 1))
+        return int(m)
+
+    def add_trajectory(self, t: Trajectory) -> None:
+        for key, value in {"reward": t.reward, **t.metrics}.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.sums[key] = self.sums.get(key, 0.0) + float(value)
+                self.counts[key] = self.counts.get(key, 0) + 1
+        self._refresh()
+
+    def add_exception(self, exc: BaseException) -> None:
+        self.exceptions += 1
+        self._refresh()
+        if self.exceptions > self.allowed_exceptions():
+            raise TooManyExceptions(
+                f"{self.exceptions} rollouts failed, more than max_exceptions={self.max_exceptions}; "
+                f"the first failure follows. Raise max_exceptions (a count or a fraction) to tolerate failures."
+            ) from exc
+
+    def _refresh(self) -> None:
+        postfix = {k: f"{self.sums[k] / self.counts[k]:.3g}" for k in self.sums}
+        if self.exceptions:
+            postfix["exceptions"] = str(self.exceptions)
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+_progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar("artnb_gather_progress", default=None)
+
+
+async def _all_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """asyncio.gather that cancels the siblings when one fails (so a failed gather stops spending tokens)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _one(aw: Awaitable[Trajectory] | Trajectory, progress: _Progress) -> Trajectory | BaseException:
+    try:
+        result = await aw if inspect.isawaitable(aw) else aw
+        if not isinstance(result, Trajectory):
+            raise TypeError(f"a rollout returned {type(result).__name__}; rollouts must return an art.Trajectory")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a failed rollout is data, kept in group.exceptions
+        progress.add_exception(exc)
+        return exc
+    progress.add_trajectory(result)
+    return result
+
+
+async def run_group(pending: PendingGroup) -> TrajectoryGroup:
+    """Run a group's rollouts; uses the enclosing gather's bar, or its own when awaited alone."""
+    progress = _progress.get()
+    own = progress is None
+    if own:
+        progress = _Progress(len(pending), "group", 0)
+    try:
+        results = await _all_or_cancel(_one(aw, progress) for aw in pending.awaitables)
+    finally:
+        if own:
+            progress.close()
+    return TrajectoryGroup(results, **pending.group_kwargs)
+
+
+async def _apply_after_each(group: TrajectoryGroup, after_each: AfterEach | None) -> list[TrajectoryGroup]:
+    if after_each is None:
+        return [group]
+    out = after_each(group)
+    if inspect.isawaitable(out):
+        out = await out
+    if out is None:
+        return []
+    if isinstance(out, TrajectoryGroup):
+        return [out]
+    if isinstance(out, list) and all(isinstance(g, TrajectoryGroup) for g in out):
+        return out
+    raise TypeError(f"after_each must return a TrajectoryGroup, None or a list of them, got {type(out).__name__}")
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[PendingGroup | TrajectoryGroup | Awaitable[TrajectoryGroup]],
+    *,
+    pbar_desc: str = "gather",
+    max_exceptions: int | float = 0,
+    after_each: AfterEach | None = None,
+) -> list[TrajectoryGroup]:
+    """Run all groups concurrently under one progress bar and return the finished groups in input order.
+
+    Example:
+        groups = await art.gather_trajectory_groups(
+            art.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios
+        )
+
+    max_exceptions: failed rollouts tolerated, as a count or a fraction (0-1) of all rollouts; beyond it the
+        gather stops, cancels the rest and raises `TooManyExceptions` from the first failure.
+    after_each: called with each finished group; may return a group, None (drop it) or a list of groups.
+    """
+    items = list(groups)
+    total = sum(len(g) if isinstance(g, (PendingGroup, TrajectoryGroup)) else 1 for g in items)
+    progress = _Progress(total, pbar_desc, max_exceptions)
+    token = _progress.set(progress)
+
+    async def finish(item: Any) -> list[TrajectoryGroup]:
+        if isinstance(item, TrajectoryGroup):
+            for t in item.trajectories:
+                progress.add_trajectory(t)
+            group = item
+        else:
+            group = await item
+            if not isinstance(group, TrajectoryGroup):
+                raise TypeError(f"gather_trajectory_groups got {type(group).__name__}; pass art.TrajectoryGroup(...)")
+        return await _apply_after_each(group, after_each)
+
+    try:
+        nested = await _all_or_cancel(finish(item) for item in items)
+    finally:
+        _progress.reset(token)
+        progress.close()
+    return [g for gs in nested for g in gs]
+
+
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory | list[Trajectory]]],
+    *,
+    pbar_desc: str = "gather",
+    max_exceptions: int | float = 0,
+) -> list[Trajectory | list[Trajectory] | BaseException]:
+    """Like gather_trajectory_groups for bare rollouts; tolerated failures are returned in place."""
+    items = list(trajectories)
+    progress = _Progress(len(items), pbar_desc, max_exceptions)
+
+    async def one(aw: Awaitable[Any]) -> Any:
+        try:
+            result = await aw
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            progress.add_exception(exc)
+            return exc
+        for t in result if isinstance(result, list) else [result]:
+            progress.add_trajectory(t)
+        return result
+
+    try:
+        return await _all_or_cancel(one(a) for a in items)
+    finally:
+        progress.close()
+
+
+def retry(
+    max_attempts: int = 3,
+    delay: float = 0.25,
+    backoff_factor: float = 2.0,
+    exceptions: tuple[type[BaseException], ...] = (Exception,),
+    on_retry: Callable[[BaseException, int], Any] | None = None,
+):
+    """Decorator: call again on `exceptions`, waiting delay, delay*backoff, ... (sync or async functions)."""
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be >= 1")
+
+    def decorate(fn):
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args, **kwargs):
+                wait = delay
+                for attempt in range(1, max_attempts + 1):
+                    try:
+                        return await fn(*args, **kwargs)
+                    except exceptions as exc:
+                        if attempt == max_attempts:
+                            raise
+                        _note_retry(fn, exc, attempt, max_attempts, on_retry)
+                        await asyncio.sleep(wait)
+                        wait *= backoff_factor
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def sync_wrapper(*args, **kwargs):
+            import time
+
+            wait = delay
+            for attempt in range(1, max_attempts + 1):
+                try:
+                    return fn(*args, **kwargs)
+                except exceptions as exc:
+                    if attempt == max_attempts:
+                        raise
+                    _note_retry(fn, exc, attempt, max_attempts, on_retry)
+                    time.sleep(wait)
+                    wait *= backoff_factor
+
+        return sync_wrapper
+
+    return decorate
+
+
+def _note_retry(fn, exc, attempt, max_attempts, on_retry) -> None:
+    log.warning("%s failed (attempt %d/%d): %r; retrying", fn.__qualname__, attempt, max_attempts, exc)
+    if on_retry is not None:
+        on_retry(exc, attempt)
+
+
+__all__ = [
+    "ExceptionRecord",
+    "TooManyExceptions",
+    "gather_trajectories",
+    "gather_trajectory_groups",
+    "retry",
+    "run_group",
+]

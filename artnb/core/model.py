@@ -1,0 +1,213 @@
+"""Models a rollout talks to: `Model` (any OpenAI-compatible endpoint) and `TrainableModel` (trained by a backend).
+
+Differences from OpenPipe ART, on purpose:
+- `model.train(...)` returns the `TrainResult` (ART discarded it) and is not deprecated.
+- `backend.train(...)` logs the step's rewards, trainer metrics and trajectories itself, so nothing is lost when
+  a loop forgets `model.log(..., split="train")`.
+- Train metrics are recorded at the step of the policy that produced the rollouts, the same x-axis as `val`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from .config import LoRAConfig, TrainConfig
+from .store import RunStore
+from .trajectory import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+
+class TrainResult(BaseModel):
+    step: int  # the new step (its checkpoint is being served)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    checkpoint_path: str | None = None
+
+
+class Model(BaseModel):
+    """A model behind any OpenAI-compatible endpoint (a hosted API, a local server): evaluated, not trained."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    name: str
+    project: str = "default"
+    inference_base_url: str | None = None
+    inference_api_key: str | None = None
+    inference_model_name: str | None = None
+    base_path: str = "./.art"
+    trainable: bool = False
+    _openai_client: Any = PrivateAttr(default=None)
+    _client_key: tuple | None = PrivateAttr(default=None)
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An AsyncOpenAI client for this model's endpoint (created once, recreated if the endpoint changes)."""
+        from openai import AsyncOpenAI
+
+        if not self.inference_base_url:
+            raise RuntimeError(
+                f"model {self.name!r} has no inference_base_url: "
+                + (
+                    "call `await model.register(backend)` first"
+                    if self.trainable
+                    else "pass inference_base_url (and inference_api_key)"
+                )
+            )
+        key = (self.inference_base_url, self.inference_api_key)
+        if self._openai_client is None or self._client_key != key:
+            self._openai_client = AsyncOpenAI(
+                base_url=self.inference_base_url,
+                api_key=self.inference_api_key or "none",
+                timeout=1200,
+                http_client=self._http_client(),
+            )
+            self._client_key = key
+        return self._openai_client
+
+    def _http_client(self):
+        return None
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        name = self.inference_model_name or self.name
+        return name if step is None else f"{name}@{step}"
+
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for `litellm.acompletion` that reach this model."""
+        model = self.get_inference_name(step)
+        if self.trainable:
+            model = f"hosted_vllm/{model}"
+        return {
+            "model": model,
+            "base_url": self.inference_base_url,
+            "api_key": self.inference_api_key,
+            "temperature": 1.0,
+        }
+
+    @property
+    def store(self) -> RunStore:
+        return RunStore(self.base_path, self.project, self.name)
+
+    async def get_step(self) -> int:
+        return 0
+
+    async def log(
+        self,
+        trajectories: Iterable[TrajectoryGroup | Trajectory] | TrajectoryGroup | None = None,
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, Any]:
+        """Record rewards and metrics (history.jsonl) and the trajectories (parquet) for a split and step.
+
+        Returns the history row written.
+        """
+        step = await self.get_step() if step is None else step
+        groups = _as_groups(trajectories)
+        row: dict[str, Any] = {"step": step, "split": split}
+        row.update({f"{split}/{k}": v for k, v in summarize_groups(groups).items()})
+        row.update({k if "/" in k else f"{split}/{k}": v for k, v in (metrics or {}).items()})
+        if groups:
+            self.store.write_trajectories(split, step, groups)
+        self.store.append_history(row)
+        return row
+
+    def history(self):
+        """The logged history as a pandas DataFrame (one row per log call)."""
+        return self.store.history()
+
+    def read_state(self) -> dict[str, Any]:
+        return self.store.read_state()
+
+    def overwrite_state(self, state: dict[str, Any]) -> None:
+        self.store.write_state(state)
+
+    def merge_state(self, state: dict[str, Any]) -> None:
+        self.store.write_state(_deep_merge(self.store.read_state(), state))
+
+
+class TrainableModel(Model):
+    """A model whose LoRA adapter a backend trains. `await model.register(backend)` starts serving it."""
+
+    trainable: bool = True
+    base_model: str
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    _backend: Any = PrivateAttr(default=None)
+
+    async def register(self, backend: Any) -> None:
+        """Start serving this model on `backend` (engine start, checkpoint resume); fills the inference_* fields."""
+        self._backend = backend
+        self.base_path = str(backend.path)
+        await backend.register(self)
+
+    def _require_backend(self):
+        if self._backend is None:
+            raise RuntimeError(f"model {self.name!r} is not registered: call `await model.register(backend)` first")
+        return self._backend
+
+    def _http_client(self):
+        return self._require_backend().http_client(self)
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """`name` (served as the latest step) or `name@step` for a specific checkpoint."""
+        return self.name if step is None else f"{self.name}@{step}"
+
+    async def get_step(self) -> int:
+        return self._require_backend().get_step(self)
+
+    async def train(
+        self, trajectory_groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, **options: Any
+    ) -> TrainResult:
+        """One GRPO step on the groups; inference waits meanwhile and then serves the new adapter."""
+        return await self._require_backend().train(self, trajectory_groups, config=config, **options)
+
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Delete every checkpoint except the latest and the one with the best mean `best_checkpoint_metric`."""
+        return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
+
+
+def _as_groups(trajectories: Any) -> list[TrajectoryGroup]:
+    if trajectories is None:
+        return []
+    if isinstance(trajectories, TrajectoryGroup):
+        return [trajectories]
+    items = list(trajectories)
+    groups = [x for x in items if isinstance(x, TrajectoryGroup)]
+    loose = [x for x in items if isinstance(x, Trajectory)]
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups
+
+
+def summarize_groups(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """Mean reward, mean within-group reward std, exception rate and the mean of every trajectory metric."""
+    trajs = [t for g in groups for t in g.trajectories]
+    n_exc = sum(len(g.exceptions) for g in groups)
+    out: dict[str, float] = {}
+    if not trajs and not n_exc:
+        return out
+    out["num_trajectories"] = len(trajs)
+    out["exception_rate"] = n_exc / (len(trajs) + n_exc)
+    if trajs:
+        out["reward"] = statistics.fmean(t.reward for t in trajs)
+        stds = [statistics.pstdev(g.rewards()) for g in groups if len(g.trajectories) > 1]
+        if stds:
+            out["reward_std_dev"] = statistics.fmean(stds)
+        keys = sorted({k for t in trajs for k in t.metrics})
+        for k in keys:
+            vals = [float(t.metrics[k]) for t in trajs if k in t.metrics]
+            vals = [v for v in vals if math.isfinite(v)]
+            if vals:
+                out[k] = statistics.fmean(vals)
+    return out
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,81 @@
+"""`make demo` / `artnb demo`: train the embedded model on tic-tac-toe on this machine and report the curve.
+
+One readable recipe: register, then per step gather groups of games, train, print a line, and finally write an
+HTML report with the reward curve. Each group replays one opponent seed, so the rollouts in a group differ only
+by the model's sampling, which is what GRPO compares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import models
+from .backends.local import LocalBackend
+from .core.config import TrainConfig
+from .core.gather import gather_trajectory_groups
+from .core.model import TrainableModel, summarize_groups
+from .core.trajectory import TrajectoryGroup
+from .plots import reward_figure
+from .tasks import tic_tac_toe
+
+
+@dataclass
+class DemoConfig:
+    steps: int = 8  # RL steps; ~25 s each for the embedded model on 2 CPU cores
+    groups_per_step: int = 2  # opponent seeds per step
+    group_size: int = 8  # games per seed; GRPO compares these
+    learning_rate: float = 1e-3  # the 135M model needs ~1e-3; 3B+ models want ~1e-5
+    base_model: str = models.DEFAULT
+    path: str = "./.art"
+    name: str = "tic-tac-toe-demo"
+    project: str = "artnb-demo"
+    report: str = "reports/demo.html"
+    seed: int = 0
+    engine: str = "auto"
+
+
+async def run_demo(cfg: DemoConfig) -> list[dict]:
+    model = TrainableModel(name=cfg.name, project=cfg.project, base_model=cfg.base_model)
+    rows = []
+    async with LocalBackend(path=cfg.path, engine=cfg.engine) as backend:
+        t0 = time.monotonic()
+        await model.register(backend)
+        print(f"registered {cfg.base_model} in {time.monotonic() - t0:.0f}s; resuming at step {await model.get_step()}")
+        print(f"{'step':>4} {'reward':>7} {'legal':>6} {'win':>5} {'rollout_s':>9} {'train_s':>7}")
+        start = await model.get_step()
+        for step in range(start, start + cfg.steps):
+            t0 = time.monotonic()
+            seeds = [cfg.seed * 100_000 + step * cfg.groups_per_step + i for i in range(cfg.groups_per_step)]
+            groups = await gather_trajectory_groups(
+                (TrajectoryGroup(tic_tac_toe.rollout(model, s) for _ in range(cfg.group_size)) for s in seeds),
+                pbar_desc=f"gather step {step}",
+            )
+            rollout_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            await model.train(groups, config=TrainConfig(learning_rate=cfg.learning_rate))
+            train_s = time.monotonic() - t0
+            s = summarize_groups(groups)
+            row = {"step": step, **s, "rollout_s": rollout_s, "train_s": train_s}
+            rows.append(row)
+            print(
+                f"{step:>4} {s['reward']:>7.3f} {s['legal_move_rate']:>6.2f} {s['win']:>5.2f} "
+                f"{rollout_s:>9.1f} {train_s:>7.1f}",
+                flush=True,
+            )
+        history = model.history()
+    report = Path(cfg.report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    figs = [reward_figure(history, m, title=t) for m, t in [("reward", "mean reward"), ("legal_move_rate", "legal-move rate"), ("win", "win rate")]]
+    html = "<h1>artnb demo: tic-tac-toe</h1>" + "".join(
+        f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)
+    )
+    report.write_text(f"<html><head><meta charset='utf-8'></head><body>{html}</body></html>")
+    print(f"report: {report.resolve()}")
+    return rows
+
+
+def main(cfg: DemoConfig) -> list[dict]:
+    return asyncio.run(run_demo(cfg))

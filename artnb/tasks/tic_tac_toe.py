@@ -1,0 +1,123 @@
+"""Tic-tac-toe against a random opponent: the smallest multi-turn agent task that a 135M model can learn.
+
+The model plays one side; each of its moves is one chat request whose answer is constrained to the nine cell
+names (`guided_choice`, which both artnb engines and vLLM honour). A 135M model does not follow free-form
+formats, and a constrained answer makes every reply well-formed, so what is learned is which cell: first to
+pick empty cells (legal moves), then to win. Reward: win 1, draw 0.5, loss 0, an illegal move ends the game at
+-0.5; each legal move adds 0.1, so legality is rewarded before the model can win often.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from ..core.model import Model
+from ..core.trajectory import Trajectory
+
+CELLS = [f"{r}{c}" for r in "ABC" for c in "123"]
+LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+SYSTEM = (
+    "You play tic-tac-toe as {side}. Cells are named by row A-C and column 1-3, e.g. B2 is the centre. "
+    "Reply with the name of one empty cell ('.') to place your {side}."
+)
+
+
+@dataclass
+class Board:
+    cells: list[str] = field(default_factory=lambda: ["."] * 9)
+
+    def render(self) -> str:
+        rows = [f"{r} {' '.join(self.cells[i * 3 : i * 3 + 3])}" for i, r in enumerate("ABC")]
+        return "  1 2 3\n" + "\n".join(rows)
+
+    def empty(self) -> list[int]:
+        return [i for i, c in enumerate(self.cells) if c == "."]
+
+    def winner(self) -> str | None:
+        for a, b, c in LINES:
+            if self.cells[a] != "." and self.cells[a] == self.cells[b] == self.cells[c]:
+                return self.cells[a]
+        return None
+
+    def full(self) -> bool:
+        return not self.empty()
+
+
+@dataclass
+class Outcome:
+    result: str  # "win", "draw", "loss" or "illegal"
+    legal_moves: int
+    moves: int
+
+    @property
+    def reward(self) -> float:
+        base = {"win": 1.0, "draw": 0.5, "loss": 0.0, "illegal": -0.5}[self.result]
+        return base + 0.1 * self.legal_moves
+
+
+async def rollout(
+    model: Model,
+    scenario: int,
+    *,
+    side: str = "X",
+    step: int | None = None,
+    temperature: float = 1.0,
+) -> Trajectory:
+    """Play one game; `scenario` seeds the opponent. X moves first. Returns the scored trajectory."""
+    if side not in ("X", "O"):
+        raise ValueError(f"side must be 'X' or 'O', got {side!r}")
+    opponent = "O" if side == "X" else "X"
+    rng = random.Random(scenario)
+    client = model.openai_client()
+    board = Board()
+    traj = Trajectory(
+        messages_and_choices=[{"role": "system", "content": SYSTEM.format(side=side)}],
+        metadata={"scenario": scenario, "side": side},
+    )
+    legal = moves = 0
+    turn = "X"
+    result = None
+    while result is None:
+        if turn == opponent:
+            board.cells[rng.choice(board.empty())] = opponent
+        else:
+            traj.messages_and_choices.append({"role": "user", "content": board.render()})
+            completion = await client.chat.completions.create(
+                model=model.get_inference_name(step),
+                messages=traj.messages(),
+                max_tokens=4,
+                temperature=temperature,
+                logprobs=True,
+                extra_body={"guided_choice": CELLS},
+            )
+            choice = completion.choices[0]
+            traj.messages_and_choices.append(choice)
+            moves += 1
+            answer = (choice.message.content or "").strip()
+            if answer not in CELLS or board.cells[CELLS.index(answer)] != ".":
+                result = "illegal"
+                traj.log(f"illegal move {answer!r} on\n{board.render()}")
+                break
+            legal += 1
+            board.cells[CELLS.index(answer)] = side
+        win = board.winner()
+        if win is not None:
+            result = "win" if win == side else "loss"
+        elif board.full():
+            result = "draw"
+        turn = "O" if turn == "X" else "X"
+    outcome = Outcome(result, legal, moves)
+    traj.reward = outcome.reward
+    traj.metrics.update(
+        {
+            "win": result == "win",
+            "draw": result == "draw",
+            "loss": result == "loss",
+            "illegal": result == "illegal",
+            "legal_move_rate": legal / moves if moves else 0.0,
+            "moves": moves,
+        }
+    )
+    traj.log(f"{result} after {moves} moves\n{board.render()}")
+    return traj.finish()

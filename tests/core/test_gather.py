@@ -1,0 +1,111 @@
+import asyncio
+
+import pytest
+
+import artnb as art
+
+
+async def rollout(reward: float, delay: float = 0.0, fail: bool = False) -> art.Trajectory:
+    await asyncio.sleep(delay)
+    if fail:
+        raise RuntimeError("rollout broke")
+    return art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}], reward=reward, metrics={"m": reward})
+
+
+async def test_groups_keep_input_order_and_trajectories():
+    groups = await art.gather_trajectory_groups(
+        art.TrajectoryGroup(rollout(g * 10 + i, delay=0.01 * (3 - i)) for i in range(3)) for g in range(4)
+    )
+    assert [sorted(gr.rewards()) for gr in groups] == [[g * 10 + i for i in range(3)] for g in range(4)]
+
+
+async def test_failures_within_budget_are_kept_in_exceptions():
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([rollout(1), rollout(2, fail=True), rollout(3)])], max_exceptions=1
+    )
+    assert len(groups[0]) == 2
+    assert groups[0].exceptions[0].type == "RuntimeError"
+    assert "rollout broke" in groups[0].exceptions[0].message
+
+
+async def test_fraction_budget_and_overflow_raises_first_failure():
+    make = lambda: [art.TrajectoryGroup([rollout(1), rollout(0, fail=True)]) for _ in range(2)]  # noqa: E731
+    groups = await art.gather_trajectory_groups(make(), max_exceptions=0.5)
+    assert sum(len(g.exceptions) for g in groups) == 2
+    with pytest.raises(art.TooManyExceptions) as info:
+        await art.gather_trajectory_groups(make(), max_exceptions=0.25)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+async def test_after_each_can_replace_drop_or_split_groups():
+    async def after(g: art.TrajectoryGroup):
+        first = g.trajectories[0].reward
+        if first == 0:
+            return None
+        if first == 1:
+            return [g, g]
+        return art.TrajectoryGroup([t.model_copy(update={"reward": -t.reward}) for t in g])
+
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([rollout(r), rollout(r)]) for r in (0, 1, 2)], after_each=after
+    )
+    assert [g.rewards() for g in groups] == [[1, 1], [1, 1], [-2, -2]]
+
+
+async def test_awaiting_a_group_alone_runs_it():
+    group = await art.TrajectoryGroup(rollout(i) for i in range(3))
+    assert isinstance(group, art.TrajectoryGroup) and sorted(group.rewards()) == [0, 1, 2]
+
+
+async def test_a_rollout_returning_the_wrong_type_is_named():
+    async def bad():
+        return {"reward": 1}
+
+    with pytest.raises(art.TooManyExceptions) as info:
+        await art.gather_trajectory_groups([art.TrajectoryGroup([bad(), rollout(1)])])
+    assert "must return an art.Trajectory" in str(info.value.__cause__)
+
+
+async def test_gather_trajectories_returns_exceptions_in_place():
+    out = await art.gather_trajectories([rollout(1), rollout(2, fail=True)], max_exceptions=1)
+    assert out[0].reward == 1 and isinstance(out[1], RuntimeError)
+
+
+async def test_retry_async_and_sync():
+    calls = []
+
+    @art.retry(max_attempts=3, delay=0.001, exceptions=(ValueError,))
+    async def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ValueError("again")
+        return "ok"
+
+    assert await flaky() == "ok" and len(calls) == 3
+
+    @art.retry(max_attempts=2, delay=0.001)
+    def always():
+        raise KeyError("no")
+
+    with pytest.raises(KeyError):
+        always()
+
+
+def test_trajectory_track_duration_and_messages():
+    from openai.types.chat.chat_completion import Choice
+
+    t = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}])
+    t.messages_and_choices.append(
+        Choice(index=0, finish_reason="stop", message={"role": "assistant", "content": None}, logprobs=None)
+    )
+
+    async def timed():
+        async with t.track_duration("llm"):
+            await asyncio.sleep(0.01)
+
+    asyncio.run(timed())
+    assert t.metrics["llm_duration"] >= 0.01
+    assert t.messages() == [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]
+    assert t.trainable_turns() == 1
+    with pytest.raises(TypeError, match="message dicts or Choice"):
+        art.Trajectory(messages_and_choices=["just text"])
