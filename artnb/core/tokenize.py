@@ -1,8 +1,48 @@
-"""Trajectory -> token ids, trainable-token mask and sampling logprobs (the trainer's only input)."""
+"""Trajectory -> token ids, trainable-token mask and sampling logprobs (the trainer's only input).
+
+Design choices, and why:
+- Generated text is never re-tokenised: a trainable turn (a `Choice`) contributes the exact ids the engine
+  sampled (`choice.token_ids`, else vLLM's `"token_id:N"` logprob tokens, else - with a warning - a vocabulary
+  look-up of the logprob tokens). Re-tokenising can yield different ids than were sampled, and then the
+  sampling logprobs belong to other tokens; that drift is known to break RL convergence.
+- The conversation is rendered by the tokenizer's own chat template, with each trainable turn's content replaced
+  by a placeholder that is a single added special token (`<|artnb_turn_0|>`, ... on a cached copy of the
+  tokenizer), so the placeholder cannot merge with its neighbours and every one is found exactly once.
+- The end-of-turn token: when the sampled ids end with the tokens the template writes after the content (the EOS
+  the model sampled), the sampled copy stays trainable (the model must learn to stop) and the template's copy is
+  dropped. A turn stopped for length keeps the template's end-of-turn token as context.
+- Messages after the last trainable turn are cut: nothing after it can be learned from.
+- With `allow_training_without_logprobs`, assistant dicts (and Choices without logprobs) train too: their text is
+  tokenised as the template renders it, their logprobs are NaN (the loss then uses ratio 1) and the end-of-turn
+  special token the template writes after them is trainable, as a sampled EOS would be.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import math
+import re
+import threading
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+from transformers import AddedToken, PreTrainedTokenizerBase
+
+from .grpo import group_advantages
+from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_rewards, choice_to_message
+
+NAN = float("nan")
+_PLACEHOLDER = "<|artnb_turn_{}|>"
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+_RETOKENISE_WARNING = (
+    "artnb: a trainable turn has no token ids, so they were looked up from its logprob token strings; this can "
+    "drift from what was sampled. Make the engine return token ids (vLLM: return_token_ids=True or "
+    "return_tokens_as_token_ids=True)."
+)
 
 
 @dataclass
@@ -15,3 +55,358 @@ class TokenizedSequence:
     advantage: float  # the trajectory's group advantage, shared by all its tokens
     group_index: int
     trajectory_index: int
+
+    def num_trainable_tokens(self) -> int:
+        return sum(self.assistant_mask)
+
+
+@dataclass
+class _Turn:
+    """One trainable turn: either the sampled ids (a Choice) or a message whose rendered text is trained."""
+
+    item: int  # position in messages_and_choices
+    token_ids: list[int] | None  # None: train the template's rendering of `message`
+    logprobs: list[float]
+    message: Message
+
+
+class _Placeholders:
+    """A copy of a tokenizer with `n` single-token placeholders added, grown on demand."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.source_len = len(tokenizer)
+        self.tokenizer = copy.deepcopy(tokenizer)
+        self.ids: list[int] = []
+        self.special = set(tokenizer.all_special_ids) | {
+            i for i, t in tokenizer.added_tokens_decoder.items() if t.special
+        }
+
+    def ensure(self, n: int) -> None:
+        if n <= len(self.ids):
+            return
+        new = [_PLACEHOLDER.format(i) for i in range(len(self.ids), max(n, 2 * len(self.ids), 8))]
+        self.tokenizer.add_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in new], special_tokens=True
+        )
+        self.ids.extend(self.tokenizer.convert_tokens_to_ids(new))
+
+
+_cache: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, _Placeholders] = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def _placeholders(tokenizer: PreTrainedTokenizerBase, n: int) -> _Placeholders:
+    with _cache_lock:
+        entry = _cache.get(tokenizer)
+        stale = entry is not None and entry.source_len != len(tokenizer)  # tokens were added to the original
+        if entry is None or stale:
+            entry = _cache[tokenizer] = _Placeholders(tokenizer)
+        entry.ensure(n)
+        return entry
+
+
+def _where(gi: int, ti: int, hi: int | None) -> str:
+    """'group 1, trajectory 2' or, for an additional history, 'group 1, trajectory 2, additional_histories[0]'."""
+    return f"group {gi}, trajectory {ti}" + (f", additional_histories[{hi}]" if hi is not None else "")
+
+
+def _sampled_ids(choice: Choice, tokenizer: PreTrainedTokenizerBase, where: str) -> list[int] | None:
+    """The engine's token ids for a Choice: `token_ids` field, else `"token_id:N"` tokens, else a vocab look-up."""
+    ids = getattr(choice, "token_ids", None)
+    if ids is None and choice.model_extra:
+        ids = choice.model_extra.get("token_ids")
+    if ids is not None:
+        return [int(i) for i in ids]
+    content = choice.logprobs.content if choice.logprobs else None
+    if content is None:
+        return None
+    matches = [_TOKEN_ID.fullmatch(t.token) for t in content]
+    if all(matches):
+        return [int(m.group(1)) for m in matches]  # type: ignore[union-attr]
+    warnings.warn(_RETOKENISE_WARNING, stacklevel=4)
+    out = []
+    for t in content:
+        i = tokenizer.convert_tokens_to_ids(t.token)
+        if i is None or (i == tokenizer.unk_token_id and t.token != tokenizer.unk_token):
+            raise ValueError(
+                f"{where}: logprob token {t.token!r} is not in the tokenizer's vocabulary, so its id is unknown. "
+                "Make the engine return token ids (vLLM: return_token_ids=True or return_tokens_as_token_ids=True)"
+            )
+        out.append(i)
+    return out
+
+
+def _trainable_turns(
+    history: History, tokenizer: PreTrainedTokenizerBase, where: str, allow_training_without_logprobs: bool
+) -> list[_Turn]:
+    """The trainable turns of one history, validated; raises naming `where` and the fix."""
+    turns = []
+    for k, item in enumerate(history.messages_and_choices):
+        here = f"{where}, messages_and_choices[{k}]"
+        if isinstance(item, Choice):
+            content = item.logprobs.content if item.logprobs else None
+            if content is None and not allow_training_without_logprobs:
+                raise ValueError(
+                    f"{here} is a Choice without logprobs, so it cannot be trained. Request logprobs=True "
+                    "(artnb's engines always return them), or pass allow_training_without_logprobs=True"
+                )
+            ids = _sampled_ids(item, tokenizer, here)
+            if content is None:
+                turns.append(_Turn(k, ids, [NAN] * len(ids or []), choice_to_message(item)))
+            elif ids is not None and len(ids) == len(content):
+                turns.append(_Turn(k, ids, [float(t.logprob) for t in content], choice_to_message(item)))
+            else:
+                raise ValueError(
+                    f"{here}: the Choice has {len(ids or [])} token ids but {len(content)} logprobs; they must "
+                    "describe the same sampled tokens. Pass the Choice exactly as the engine returned it"
+                )
+        elif allow_training_without_logprobs and item.get("role") == "assistant":
+            turns.append(_Turn(k, None, [], item))
+    if not turns:
+        raise ValueError(
+            f"{where} has no trainable turn: append completion.choices[0] (a Choice) instead of a message dict, "
+            "or pass allow_training_without_logprobs=True to train assistant message dicts"
+        )
+    return turns
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Any, where: str) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    except Exception as e:
+        raise ValueError(
+            f"{where}: the chat template could not render the conversation ({type(e).__name__}: {e}). "
+            "Check the messages (e.g. an assistant dict with content None: use content='')"
+        ) from e
+
+
+def _overlap(sampled: list[int], following: list[int], special: set[int]) -> int:
+    """How many leading template tokens after a turn repeat the sampled ids' tail (must include a special token)."""
+    for k in range(min(len(sampled), len(following)), 0, -1):
+        if sampled[-k:] == following[:k] and any(t in special for t in following[:k]):
+            return k
+    return 0
+
+
+def _tokenize_history(
+    tokenizer: PreTrainedTokenizerBase,
+    history: History,
+    tools: Any,
+    turns: list[_Turn],
+    advantage: float,
+    gi: int,
+    ti: int,
+    where: str,
+) -> TokenizedSequence:
+    holders = _placeholders(tokenizer, len(turns))
+    marks = [_PLACEHOLDER.format(n) for n in range(len(turns))]
+    items = history.messages_and_choices[: turns[-1].item + 1]
+    messages = [x if isinstance(x, dict) else choice_to_message(x) for x in items]
+    for n, turn in enumerate(turns):
+        messages[turn.item] = {"role": "assistant", "content": marks[n]}
+    text = _render(tokenizer, messages, tools, where)
+
+    ids = holders.tokenizer.encode(text, add_special_tokens=False)
+    slot = {pid: n for n, pid in enumerate(holders.ids[: len(turns)])}
+    found = [(pos, slot[t]) for pos, t in enumerate(ids) if t in slot]
+    if [n for _, n in found] != list(range(len(turns))):
+        raise ValueError(
+            f"{where}: the chat template rendered the trainable turns' placeholders as {[n for _, n in found]}, "
+            f"expected each of 0..{len(turns) - 1} once and in order. The template drops or reorders assistant "
+            "content (or a message contains '<|artnb_turn_N|>'); this tokenizer's template cannot be trained as is"
+        )
+
+    special = holders.special
+    out_ids: list[int] = []
+    mask: list[bool] = []
+    logprobs: list[float] = []
+
+    def add(chunk: list[int], trainable: bool, lps: list[float] | None = None) -> None:
+        out_ids.extend(chunk)
+        mask.extend([trainable] * len(chunk))
+        logprobs.extend(lps if lps is not None else [NAN] * len(chunk))
+
+    prev = 0
+    for (pos, n), end in zip(found, [p for p, _ in found[1:]] + [len(ids)], strict=True):
+        add(ids[prev:pos], False)
+        turn, following = turns[n], ids[pos + 1 : end]
+        if turn.token_ids is not None:
+            add(turn.token_ids, True, turn.logprobs)
+            skip = _overlap(turn.token_ids, following, special)
+        else:
+            add(
+                tokenizer.encode(
+                    _rendered_body(tokenizer, messages, tools, turn, text, marks[n], where),
+                    add_special_tokens=False,
+                ),
+                True,
+            )
+            skip = 1 if following and following[0] in special else 0
+            add(following[:skip], True)
+        prev = pos + 1 + skip
+    add(ids[prev:], False)
+    return TokenizedSequence(out_ids, mask, logprobs, advantage, gi, ti)
+
+
+def _rendered_body(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: Any,
+    turn: _Turn,
+    text: str,
+    mark: str,
+    where: str,
+) -> str:
+    """The text the template writes for `turn.message` (content, and tool calls if it renders them) at `mark`."""
+    real = list(messages)
+    real[turn.item] = turn.message
+    full = _render(tokenizer, real, tools, where)
+    at = text.index(mark)
+    before, after = text[:at], text[at + len(mark) :]
+    if not (full.startswith(before) and full.endswith(after) and len(full) >= len(before) + len(after)):
+        raise ValueError(
+            f"{where}, messages_and_choices[{turn.item}]: the chat template renders the rest of the conversation "
+            "differently depending on this assistant message, so its tokens cannot be isolated for training. "
+            "Append the Choice the engine returned instead of a message dict"
+        )
+    return full[len(before) : len(full) - len(after)]
+
+
+def tokenize_trajectory(
+    tokenizer: PreTrainedTokenizerBase,
+    trajectory: Trajectory,
+    advantage: float,
+    *,
+    group_index: int = 0,
+    trajectory_index: int = 0,
+    allow_training_without_logprobs: bool = False,
+) -> list[TokenizedSequence]:
+    """One TokenizedSequence for the trajectory's messages, then one per additional history, all with `advantage`.
+
+    Raises ValueError naming the group, trajectory and item when a history has no trainable turn, a Choice lacks
+    logprobs (unless `allow_training_without_logprobs`), or its token ids and logprobs differ in number.
+    """
+    out = []
+    for hi, history in enumerate(trajectory.histories()):
+        where = _where(group_index, trajectory_index, hi - 1 if hi else None)
+        tools = history.tools if history.tools is not None else trajectory.tools
+        turns = _trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
+        out.append(
+            _tokenize_history(
+                tokenizer, history, tools, turns, advantage, group_index, trajectory_index, where
+            )
+        )
+    return out
+
+
+@dataclass
+class TokenizedBatch:
+    """What one GRPO step trains on, with counts that explain what was skipped and why."""
+
+    sequences: list[TokenizedSequence]
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped_reason: str | None = None  # a sentence saying why `sequences` is empty, None when it is not
+
+
+def _validate(
+    tokenizer: PreTrainedTokenizerBase,
+    groups: Sequence[TrajectoryGroup],
+    allow_training_without_logprobs: bool,
+) -> None:
+    for gi, group in enumerate(groups):
+        n = len(group.trajectories)
+        if n < 2:
+            failed = (
+                f" ({len(group.exceptions)} rollouts failed: see group.exceptions)"
+                if group.exceptions
+                else ""
+            )
+            raise ValueError(
+                f"group {gi} has {n} trajector{'y' if n == 1 else 'ies'}{failed}; GRPO needs >= 2 to compare. "
+                "Run several rollouts of the same scenario per group; nothing was trained"
+            )
+    check_rewards(groups)
+    for gi, group in enumerate(groups):
+        for ti, t in enumerate(group.trajectories):
+            for hi, history in enumerate(t.histories()):
+                where = _where(gi, ti, hi - 1 if hi else None)
+                _trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
+
+
+def tokenize_groups(
+    tokenizer: PreTrainedTokenizerBase,
+    groups: Sequence[TrajectoryGroup],
+    *,
+    scale_rewards: bool = True,
+    allow_training_without_logprobs: bool = False,
+    max_seq_length: int | None = None,
+) -> TokenizedBatch:
+    """Validate the whole batch, compute group advantages, and tokenise every trajectory that has a nonzero one.
+
+    Raises before tokenising anything if a group has fewer than 2 trajectories, a reward is not finite, or a
+    trajectory has no trainable turn. Sequences longer than `max_seq_length` are dropped with a warning.
+    """
+    _validate(tokenizer, groups, allow_training_without_logprobs)
+    sequences: list[TokenizedSequence] = []
+    zero = too_long = trainable_groups = 0
+    rewards: list[float] = []
+    stds: list[float] = []
+    for gi, group in enumerate(groups):
+        group_rewards = [float(r) for r in group.rewards()]
+        rewards.extend(group_rewards)
+        mean = sum(group_rewards) / len(group_rewards)
+        stds.append(math.sqrt(sum((r - mean) ** 2 for r in group_rewards) / len(group_rewards)))
+        advantages = group_advantages(group_rewards, scale_rewards=scale_rewards)
+        if max(group_rewards) == min(group_rewards):  # exact 0: float rounding of the mean can leave ~1e-11
+            advantages = [0.0] * len(advantages)
+        trainable_groups += any(a != 0 for a in advantages)
+        for ti, (t, advantage) in enumerate(zip(group.trajectories, advantages, strict=True)):
+            if advantage == 0:
+                zero += 1
+                continue
+            kw = dict(
+                group_index=gi,
+                trajectory_index=ti,
+                allow_training_without_logprobs=allow_training_without_logprobs,
+            )
+            for hi, seq in enumerate(tokenize_trajectory(tokenizer, t, advantage, **kw)):
+                if max_seq_length is not None and len(seq.token_ids) > max_seq_length:
+                    too_long += 1
+                    warnings.warn(
+                        f"{_where(gi, ti, hi - 1 if hi else None)} has {len(seq.token_ids)} tokens, more than "
+                        f"max_seq_length={max_seq_length}; it was dropped. Raise max_seq_length or shorten the rollout",
+                        stacklevel=2,
+                    )
+                    continue
+                sequences.append(seq)
+
+    num_trajectories = len(rewards)
+    metrics = {
+        "num_groups": float(len(groups)),
+        "num_trajectories": float(num_trajectories),
+        "num_groups_trainable": float(trainable_groups),
+        "num_zero_advantage_skipped": float(zero),
+        "num_dropped_too_long": float(too_long),
+        "num_sequences": float(len(sequences)),
+        "num_trainable_tokens": float(sum(s.num_trainable_tokens() for s in sequences)),
+        "num_tokens": float(sum(len(s.token_ids) for s in sequences)),
+        "reward": sum(rewards) / num_trajectories if rewards else NAN,
+        "reward_std_dev": sum(stds) / len(stds) if stds else NAN,
+    }
+    return TokenizedBatch(
+        sequences, metrics, None if sequences else _skipped_reason(len(groups), zero, too_long)
+    )
+
+
+def _skipped_reason(num_groups: int, zero: int, too_long: int) -> str:
+    if num_groups == 0:
+        return "no groups were given; gather some trajectory groups first"
+    if too_long == 0:
+        return (
+            f"all {num_groups} group{'s' if num_groups != 1 else ''} had equal rewards within the group, so every "
+            "advantage is 0; vary the scenario or the reward"
+        )
+    reason = f"all {too_long} sequences with a nonzero advantage were longer than max_seq_length"
+    if zero:
+        reason += f" ({zero} trajectories had advantage 0)"
+    return reason + "; raise max_seq_length or shorten the rollouts"

@@ -1,0 +1,408 @@
+"""Tokenising trajectories: exact sampled ids at the mask, template rendering, EOS handling, errors and metrics.
+
+Sampled ids are chosen so that re-tokenising their text gives different ids ("hel" + "lo" rather than "hello"):
+finding them verbatim at the mask positions proves that generated text is never re-tokenised.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+from openai.types.chat.chat_completion import Choice
+from transformers import AutoTokenizer
+
+import artnb.models
+from artnb.core.grpo import group_advantages
+from artnb.core.tokenize import TokenizedSequence, tokenize_groups, tokenize_trajectory
+from artnb.core.trajectory import History, Trajectory, TrajectoryGroup
+
+TOOLS = [
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+]
+# ChatML that also renders tools and tool calls (SmolLM2's own template ignores both).
+TOOL_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | tojson) + '<|im_end|>\\n' }}{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') }}"
+    "{% for tc in m.get('tool_calls') or [] %}{{ '<tool_call>' + (tc['function'] | tojson) + '</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\\n' }}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(artnb.models.tiny())
+
+
+@pytest.fixture(scope="module")
+def tool_tok(tok):
+    t = copy.deepcopy(tok)
+    t.chat_template = TOOL_TEMPLATE
+    return t
+
+
+def split_ids(tok, *pieces: str) -> list[int]:
+    """Ids of each piece encoded on its own: 'hel', 'lo' -> two ids where 'hello' would be one."""
+    return [i for p in pieces for i in tok.encode(p, add_special_tokens=False)]
+
+
+def make_choice(tok, ids, *, logprobs=True, finish="stop", fmt="ids", tool_calls=None) -> Choice:
+    """A Choice as an engine returns it: per-token logprobs and, with fmt='ids', the extra token_ids field.
+
+    fmt says how the logprob tokens are written: 'ids'/'text' decoded text, 'token_id' as "token_id:N",
+    'vocab' as vocabulary strings; only 'ids' carries token_ids.
+    """
+    eos = tok.eos_token_id
+    text = tok.decode([i for i in ids if i != eos])
+    message: dict = {"role": "assistant", "content": None if tool_calls else text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    data: dict = {"index": 0, "finish_reason": finish, "message": message, "logprobs": None}
+    if logprobs:
+        text_of = {
+            "ids": lambda i: tok.decode([i]),  # engines return the decoded text of each token
+            "text": lambda i: tok.decode([i]),
+            "token_id": lambda i: f"token_id:{i}",  # vLLM return_tokens_as_token_ids
+            "vocab": tok.convert_ids_to_tokens,  # vocabulary strings ('Ġworld')
+        }[fmt]
+        data["logprobs"] = {
+            "content": [
+                {"token": text_of(i), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for i, lp in zip(ids, given_logprobs(ids), strict=True)
+            ]
+        }
+    if fmt == "ids":
+        data["token_ids"] = list(ids)
+    return Choice.model_validate(data)
+
+
+def given_logprobs(ids) -> list[float]:
+    return [-0.1 * (n + 1) for n in range(len(ids))]
+
+
+def trained(seq: TokenizedSequence) -> list[int]:
+    return [t for t, m in zip(seq.token_ids, seq.assistant_mask, strict=True) if m]
+
+
+def spans(seq: TokenizedSequence) -> list[list[int]]:
+    """The runs of consecutive trainable token ids."""
+    out: list[list[int]] = []
+    prev = False
+    for t, m in zip(seq.token_ids, seq.assistant_mask, strict=True):
+        if m:
+            if not prev:
+                out.append([])
+            out[-1].append(t)
+        prev = m
+    return out
+
+
+def rendered(tok, traj: Trajectory, upto: int, tools=None) -> str:
+    return tok.apply_chat_template(traj.messages()[:upto], tools=tools, tokenize=False)
+
+
+def check_shape(seq: TokenizedSequence) -> None:
+    assert len(seq.token_ids) == len(seq.assistant_mask) == len(seq.logprobs)
+    assert all(math.isnan(lp) for lp, m in zip(seq.logprobs, seq.assistant_mask, strict=True) if not m)
+
+
+def test_single_turn_keeps_sampled_ids_and_logprobs(tok):
+    ids = split_ids(tok, "hel", "lo", " world", "<|im_end|>")
+    assert tok.encode("hello world", add_special_tokens=False) != ids[:-1]  # would not round-trip
+    choice = make_choice(tok, ids)
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            choice,
+            {"role": "user", "content": "after the last trainable turn: cut"},
+        ]
+    )
+    (seq,) = tokenize_trajectory(tok, traj, 0.5, group_index=3, trajectory_index=2)
+    check_shape(seq)
+    assert (seq.advantage, seq.group_index, seq.trajectory_index) == (0.5, 3, 2)
+    assert tok.decode(seq.token_ids) == rendered(tok, traj, 3)
+    assert trained(seq) == ids
+    assert spans(seq) == [ids]
+    assert [lp for lp, m in zip(seq.logprobs, seq.assistant_mask, strict=True) if m] == given_logprobs(ids)
+
+
+def test_sampled_eos_is_trained_once_and_template_copy_dropped(tok):
+    ids = split_ids(tok, "O", "k", "<|im_end|>")
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}, make_choice(tok, ids)])
+    (seq,) = tokenize_trajectory(tok, traj, 1.0)
+    eos = tok.eos_token_id
+    assert seq.token_ids.count(eos) == tok.encode(rendered(tok, traj, 2), add_special_tokens=False).count(eos)
+    end = seq.assistant_mask.index(True) + len(ids)
+    assert seq.token_ids[end - 1] == eos and seq.assistant_mask[end - 1]
+    assert seq.token_ids[end:] == tok.encode("\n", add_special_tokens=False)  # template's "\n" after the EOS
+    assert seq.assistant_mask[end:] == [False]
+
+
+def test_length_stopped_turn_keeps_template_end_of_turn_as_context(tok):
+    ids = split_ids(tok, "hel", "lo")
+    traj = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Hi"}, make_choice(tok, ids, finish="length")]
+    )
+    (seq,) = tokenize_trajectory(tok, traj, 1.0)
+    assert tok.decode(seq.token_ids) == rendered(tok, traj, 2)
+    end = seq.assistant_mask.index(True) + len(ids)
+    assert trained(seq) == ids
+    assert seq.token_ids[end] == tok.eos_token_id and not seq.assistant_mask[end]
+    assert math.isnan(seq.logprobs[end])
+
+
+def test_multi_turn_with_user_and_tool_messages_between(tok):
+    first = split_ids(tok, "Let", " me", " lo", "ok", "<|im_end|>")
+    second = split_ids(tok, "It", " is", " 4", "2", "<|im_end|>")
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "What is it?"},
+            make_choice(tok, first),
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            {"role": "user", "content": "So?"},
+            make_choice(tok, second),
+            {"role": "user", "content": "thanks"},
+        ],
+        tools=TOOLS,
+    )
+    (seq,) = tokenize_trajectory(tok, traj, -1.0)
+    check_shape(seq)
+    assert spans(seq) == [first, second]
+    assert tok.decode(seq.token_ids) == rendered(tok, traj, 5, TOOLS)
+
+
+def test_tool_call_choice_is_not_rendered_twice(tool_tok):
+    call_text = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+    ids = split_ids(tool_tok, "<tool", "_call", ">", call_text[len("<tool_call>") :], "<|im_end|>")
+    tool_calls = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+    context_call = {"role": "assistant", "content": "", "tool_calls": [{**tool_calls[0], "id": "c0"}]}
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "Look it up"},
+            context_call,
+            {"role": "tool", "tool_call_id": "c0", "content": "nothing"},
+            make_choice(tool_tok, ids, tool_calls=tool_calls),
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        ],
+        tools=TOOLS,
+    )
+    (seq,) = tokenize_trajectory(tool_tok, traj, 1.0)
+    assert trained(seq) == ids
+    text = tool_tok.decode(seq.token_ids)
+    assert text.count('"name": "lookup"') == 3  # the tools list, the context call, the sampled call once
+    assert text.startswith(tool_tok.apply_chat_template(traj.messages()[:3], tools=TOOLS, tokenize=False))
+    assert text.endswith("<|im_start|>assistant\n" + call_text + "<|im_end|>\n")
+
+
+def test_token_id_strings_are_used_when_the_choice_has_no_token_ids(tok):
+    ids = split_ids(tok, "hel", "lo", "<|im_end|>")
+    choice = make_choice(tok, ids, fmt="token_id")
+    assert getattr(choice, "token_ids", None) is None
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}, choice])
+    (seq,) = tokenize_trajectory(tok, traj, 1.0)
+    assert trained(seq) == ids
+
+
+def test_vocabulary_lookup_is_the_last_resort_and_warns(tok):
+    ids = split_ids(tok, "hel", "lo", " world", "<|im_end|>")
+    traj = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Hi"}, make_choice(tok, ids, fmt="vocab")]
+    )
+    with pytest.warns(UserWarning, match="drift"):
+        (seq,) = tokenize_trajectory(tok, traj, 1.0)
+    assert trained(seq) == ids
+    decoded_tokens = Trajectory(messages_and_choices=[make_choice(tok, split_ids(tok, " world"), fmt="text")])
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
+        tokenize_trajectory(tok, decoded_tokens, 1.0)
+
+
+def test_additional_histories_share_the_advantage_and_pick_their_tools(tool_tok):
+    ids = split_ids(tool_tok, "hel", "lo", "<|im_end|>")
+    other_tools = [{"type": "function", "function": {"name": "summarise", "parameters": {}}}]
+    traj = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "main"}, make_choice(tool_tok, ids)],
+        tools=TOOLS,
+        additional_histories=[
+            History(messages_and_choices=[{"role": "user", "content": "sub"}, make_choice(tool_tok, ids)]),
+            History(
+                messages_and_choices=[{"role": "user", "content": "own"}, make_choice(tool_tok, ids)],
+                tools=other_tools,
+            ),
+        ],
+    )
+    seqs = tokenize_trajectory(tool_tok, traj, 0.7, group_index=1, trajectory_index=4)
+    assert len(seqs) == 3
+    assert {(s.advantage, s.group_index, s.trajectory_index) for s in seqs} == {(0.7, 1, 4)}
+    texts = [tool_tok.decode(s.token_ids) for s in seqs]
+    assert "lookup" in texts[0] and "sub" in texts[1] and "lookup" in texts[1]
+    assert "summarise" in texts[2] and "lookup" not in texts[2]
+    assert all(trained(s) == ids for s in seqs)
+
+
+def test_assistant_dicts_train_without_logprobs_when_allowed(tok):
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "hello world"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "bye"},
+        ]
+    )
+    with pytest.raises(ValueError) as err:
+        tokenize_trajectory(tok, traj, 1.0, group_index=2, trajectory_index=5)
+    assert "group 2, trajectory 5" in str(err.value)
+    assert "append completion.choices[0] (a Choice) instead of a message dict" in str(err.value)
+    assert "allow_training_without_logprobs=True" in str(err.value)
+
+    (seq,) = tokenize_trajectory(tok, traj, 1.0, allow_training_without_logprobs=True)
+    check_shape(seq)
+    eos = tok.eos_token_id
+    assert spans(seq) == [
+        tok.encode("hello world", add_special_tokens=False) + [eos],
+        tok.encode("bye", add_special_tokens=False) + [eos],
+    ]
+    assert all(math.isnan(lp) for lp in seq.logprobs)
+    assert tok.decode(seq.token_ids) == rendered(tok, traj, 4)
+
+
+def test_assistant_dict_with_tool_calls_trains_the_rendered_call(tool_tok):
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+    }
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}, call])
+    (seq,) = tokenize_trajectory(tool_tok, traj, 1.0, allow_training_without_logprobs=True)
+    assert (
+        tool_tok.decode(trained(seq))
+        == '<tool_call>{"name": "lookup", "arguments": "{}"}</tool_call><|im_end|>'
+    )
+
+
+def test_choice_without_logprobs(tok):
+    choice = make_choice(tok, split_ids(tok, "hel", "lo", "<|im_end|>"), logprobs=False, fmt="none")
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}, choice])
+    with pytest.raises(ValueError) as err:
+        tokenize_trajectory(tok, traj, 1.0, group_index=1, trajectory_index=3)
+    message = str(err.value)
+    assert "group 1, trajectory 3, messages_and_choices[1]" in message
+    assert "logprobs=True" in message and "artnb's engines always return them" in message
+    assert "allow_training_without_logprobs=True" in message
+    (seq,) = tokenize_trajectory(tok, traj, 1.0, allow_training_without_logprobs=True)
+    assert trained(seq) == tok.encode("hello<|im_end|>", add_special_tokens=False)
+    assert all(math.isnan(lp) for lp in seq.logprobs)
+
+    ids = split_ids(tok, "hel", "lo", "<|im_end|>")  # no logprobs but token ids: the ids are still used
+    with_ids = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Hi"}, make_choice(tok, ids, logprobs=False)]
+    )
+    (seq,) = tokenize_trajectory(tok, with_ids, 1.0, allow_training_without_logprobs=True)
+    assert trained(seq) == ids and all(math.isnan(lp) for lp in seq.logprobs)
+
+
+def test_token_ids_and_logprobs_must_match_in_number(tok):
+    choice = make_choice(tok, split_ids(tok, "hel", "lo"))
+    choice.logprobs.content.pop()
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}, choice])
+    with pytest.raises(
+        ValueError, match=r"group 0, trajectory 1, messages_and_choices\[1\].*2 token ids but 1"
+    ):
+        tokenize_trajectory(tok, traj, 1.0, trajectory_index=1)
+
+
+def test_placeholder_text_in_a_message_is_an_error_not_a_silent_misplacement(tok):
+    choice = make_choice(tok, split_ids(tok, "hel", "lo"))
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "say <|artnb_turn_0|>"}, choice])
+    with pytest.raises(ValueError, match="expected each of 0..0 once"):
+        tokenize_trajectory(tok, traj, 1.0)
+
+
+# --- tokenize_groups -------------------------------------------------------------------------------------------
+
+
+def traj_with_reward(tok, reward: float, words: str = "hello") -> Trajectory:
+    ids = split_ids(tok, *words.split("|"), "<|im_end|>")
+    return Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Hi"}, make_choice(tok, ids)], reward=reward
+    )
+
+
+def test_group_of_one_is_rejected(tok):
+    groups = [
+        TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, 1)]),
+        TrajectoryGroup([traj_with_reward(tok, 1)]),
+    ]
+    with pytest.raises(ValueError, match="group 1 has 1 trajectory; GRPO needs >= 2 to compare"):
+        tokenize_groups(tok, groups)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_reward_is_rejected(tok, bad):
+    groups = [TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, bad)])]
+    with pytest.raises(ValueError, match="group 0, trajectory 1 has reward"):
+        tokenize_groups(tok, groups)
+
+
+def test_a_bad_trajectory_anywhere_fails_the_whole_batch(tok):
+    no_choice = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}], reward=1.0)
+    groups = [
+        TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, 1)]),
+        TrajectoryGroup([traj_with_reward(tok, 1), no_choice]),
+    ]  # equal rewards: would be skipped
+    with pytest.raises(ValueError, match="group 1, trajectory 1 has no trainable turn"):
+        tokenize_groups(tok, groups)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_advantages_equal_group_advantages(tok, scale):
+    rewards = [[0.0, 1.0, 3.0, 0.5], [2.0, -1.0]]
+    groups = [TrajectoryGroup([traj_with_reward(tok, r) for r in rs]) for rs in rewards]
+    batch = tokenize_groups(tok, groups, scale_rewards=scale)
+    got = {(s.group_index, s.trajectory_index): s.advantage for s in batch.sequences}
+    want = {(gi, ti): a for gi, rs in enumerate(rewards) for ti, a in enumerate(group_advantages(rs, scale))}
+    assert got == want
+    assert batch.skipped_reason is None
+    m = batch.metrics
+    assert (m["num_groups"], m["num_trajectories"], m["num_groups_trainable"], m["num_sequences"]) == (
+        2,
+        6,
+        2,
+        6,
+    )
+    assert m["reward"] == pytest.approx(5.5 / 6)
+    assert m["reward_std_dev"] == pytest.approx((math.sqrt(1.296875) + 1.5) / 2)
+    assert m["num_tokens"] == sum(len(s.token_ids) for s in batch.sequences)
+    assert m["num_trainable_tokens"] == 6 * len(split_ids(tok, "hello", "<|im_end|>"))
+
+
+def test_zero_advantage_trajectories_are_skipped_and_explained(tok):
+    equal = [TrajectoryGroup([traj_with_reward(tok, 0.1) for _ in range(3)]) for _ in range(4)]
+    batch = tokenize_groups(tok, equal)
+    assert batch.sequences == []
+    assert batch.skipped_reason == (
+        "all 4 groups had equal rewards within the group, so every advantage is 0; vary the scenario or the reward"
+    )
+    assert batch.metrics["num_zero_advantage_skipped"] == 12
+    assert batch.metrics["num_groups_trainable"] == 0
+
+    mixed = tokenize_groups(tok, [TrajectoryGroup([traj_with_reward(tok, r) for r in (0, 1, 2)]), *equal[:1]])
+    assert sorted((s.group_index, s.trajectory_index) for s in mixed.sequences) == [(0, 0), (0, 2)]
+    assert mixed.metrics["num_zero_advantage_skipped"] == 4
+    assert mixed.metrics["num_groups_trainable"] == 1
+
+
+def test_too_long_sequences_are_dropped_with_a_warning(tok):
+    short, long = traj_with_reward(tok, 0), traj_with_reward(tok, 1, "a|" * 40)
+    limit = len(tokenize_trajectory(tok, short, 1.0)[0].token_ids)
+    full = len(tokenize_trajectory(tok, long, 1.0)[0].token_ids)
+    with pytest.warns(
+        UserWarning, match=rf"group 0, trajectory 1 has {full} tokens, more than max_seq_length={limit}"
+    ):
+        batch = tokenize_groups(tok, [TrajectoryGroup([short, long])], max_seq_length=limit)
+    assert [s.trajectory_index for s in batch.sequences] == [0]
+    assert batch.metrics["num_dropped_too_long"] == 1
+    with pytest.warns(UserWarning):
+        empty = tokenize_groups(tok, [TrajectoryGroup([short, long])], max_seq_length=5)
+    assert empty.sequences == [] and "max_seq_length" in empty.skipped_reason
