@@ -5,6 +5,7 @@ SmolLM2-135M) against one `generate` call on the same eight prompts, both sampli
 (EOS masked until then, so both do the same work); the same for a single request. The engine must reach 90%
 of `generate` at batch 8: HTTP, scheduling, per-row sampling and logprobs all fit in the other 10%.
 Runs are interleaved and the best of `--repeats` is kept, because a shared CPU makes single runs noisy.
+The engine runs with OMP_WAIT_POLICY=PASSIVE (HFEngine's default), `generate` with this process's setting.
 
     python benchmarks/engine_batching.py [--repeats 3] [--tokens 64]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -89,6 +91,7 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     path = str(embedded_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -111,6 +114,9 @@ async def main() -> None:
         await engine.stop()
     print(
         f"\n{args.tokens} new tokens per request, temperature 1, best of {args.repeats}, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes skew results)"
     )
     print(f"{'method':<42} {'tokens/s':>9} {'ratio':>7}")
     for batch in (8, 1):

@@ -148,6 +148,10 @@ async def main() -> None:
                         )
                     for name, value in runs.items():
                         best[name, lora, batch] = max(best.get((name, lora, batch), 0.0), value)
+                    print(
+                        f"parallel {batch}, LoRA {lora}: "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in runs.items())
+                    )
     finally:
         for engine in engines.values():
             await engine.stop()

@@ -1,13 +1,13 @@
 """PeftTrainer.train throughput on the embedded SmolLM2-135M, against the least work any LoRA trainer must do.
 
 Workload: LoRA r=8 on all linear layers, 8 sequences x 256 tokens (128 prompt + 128 trainable), fp32 on the CPU,
-one `train()` call timed after a warm-up call, with and without gradient checkpointing.
+one `train()` call timed after a warm-up call (the fastest of --repeats), with and without gradient checkpointing.
 Baseline ("plain PEFT + HF loss"): the same PEFT model and data, one forward with `labels` (prompt = -100, so
 HF's built-in cross-entropy), backward, grad clipping and an AdamW step. It computes logits at every position;
 PeftTrainer computes them only where the next token is trainable, so it may beat the baseline.
-Peak RSS is per run: freed heap is returned (malloc_trim) and the kernel's high-water mark reset
-(/proc/self/clear_refs) before one more call, so one process can measure all four; without /proc it falls back
-to resource.getrusage (the process-wide peak).
+Baseline and trainer calls alternate, so load from other processes hits both alike. Peak RSS is per run: freed
+heap is returned (malloc_trim) and the kernel's high-water mark reset (/proc/self/clear_refs) before one more
+call, so one process measures all four; without /proc it falls back to resource.getrusage (process-wide peak).
 
     python benchmarks/trainer_throughput.py [--sequences 8] [--length 256] [--repeats 1]
 """
@@ -24,6 +24,7 @@ import re
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -58,24 +59,35 @@ def peak_rss_gb(reset_worked: bool) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
-def timed(step: Callable[[], object], repeats: int) -> tuple[float, float, float]:
-    """(wall seconds, CPU seconds, peak RSS in GB) of `step`: a warm-up call, `repeats` timed calls (the fastest
-    counts), then one call for memory.
+@dataclass
+class Measured:
+    wall: float = math.inf  # fastest timed call, seconds
+    cpu: float = math.inf  # user + system seconds of the fastest-CPU call
+    peak_rss_gb: float = math.nan
 
-    CPU seconds (user + system) are less disturbed than wall time when other processes share the cores. The
-    peak RSS comes from a separate call because giving the heap back first makes that call fault it in again.
+
+def measure(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str, Measured]:
+    """Warm each step up, then time them in turn `repeats` times (fastest counts), then one call each for memory.
+
+    Alternating the runs gives them the same share of any load from other processes. CPU seconds are less
+    disturbed than wall time by such load. Peak RSS comes from separate calls, because handing the heap back
+    first makes a call fault its memory in again, which would slow the timed calls.
     """
-    step()
-    best_wall, best_cpu = math.inf, math.inf
-    for _ in range(repeats):
-        cpu, started = os.times(), time.perf_counter()
+    results = {name: Measured() for name in steps}
+    for step in steps.values():
         step()
-        wall, cpu_end = time.perf_counter() - started, os.times()
-        best_wall = min(best_wall, wall)
-        best_cpu = min(best_cpu, cpu_end.user - cpu.user + cpu_end.system - cpu.system)
-    reset = reset_peak_rss()
-    step()
-    return best_wall, best_cpu, peak_rss_gb(reset)
+    for _ in range(repeats):
+        for name, step in steps.items():
+            cpu, started = os.times(), time.perf_counter()
+            step()
+            wall, cpu_end = time.perf_counter() - started, os.times()
+            results[name].wall = min(results[name].wall, wall)
+            results[name].cpu = min(results[name].cpu, cpu_end.user - cpu.user + cpu_end.system - cpu.system)
+    for name, step in steps.items():
+        reset = reset_peak_rss()
+        step()
+        results[name].peak_rss_gb = peak_rss_gb(reset)
+    return results
 
 
 def make_sequences(count: int, length: int, vocab: int) -> list[TokenizedSequence]:
@@ -94,16 +106,13 @@ def make_sequences(count: int, length: int, vocab: int) -> list[TokenizedSequenc
     ]
 
 
-def run_trainer(
-    path: str, sequences: list[TokenizedSequence], checkpointing: bool, repeats: int
-) -> tuple[float, float, float]:
+def trainer_step(path: str, sequences: list[TokenizedSequence], checkpointing: bool) -> Callable[[], object]:
     trainer = PeftTrainer(path, LORA, TrainerConfig(gradient_checkpointing=checkpointing))
-    return timed(lambda: trainer.train(sequences, CONFIG, progress=False), repeats)
+    return lambda: trainer.train(sequences, CONFIG, progress=False)
 
 
-def run_baseline(
-    path: str, sequences: list[TokenizedSequence], checkpointing: bool, repeats: int
-) -> tuple[float, float, float]:
+def baseline_step(path: str, sequences: list[TokenizedSequence], checkpointing: bool) -> Callable[[], object]:
+    """One optimizer step of plain PEFT with HF's own loss: forward with labels, backward, clip, AdamW."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -122,14 +131,13 @@ def run_baseline(
     attention_mask = torch.ones_like(input_ids)
 
     def step() -> None:
-        model(
-            input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False
-        ).loss.backward()
+        out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False)
+        out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, CONFIG.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return timed(step, repeats)
+    return step
 
 
 def main() -> None:
@@ -144,26 +152,26 @@ def main() -> None:
     tokens = args.sequences * args.length
     print(
         f"LoRA r={LORA.r} all-linear, SmolLM2-135M fp32, {args.sequences} x {args.length} tokens "
-        f"(half trainable), {torch.get_num_threads()} threads\n"
+        f"(half trainable), {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}\n"
     )
-    rows = []
+    print(f"| {'run':<44} | wall s | tokens/s | CPU s | peak RSS GB | vs baseline (wall, CPU) |")
+    print(f"|{'-' * 46}|--------|----------|-------|-------------|-------------------------|")
     for checkpointing in (False, True):
         label = "grad. checkpointing" if checkpointing else "no checkpointing"
-        baseline = run_baseline(path, sequences, checkpointing, args.repeats)
-        rows.append((f"baseline: plain PEFT + HF loss, {label}", baseline, baseline))
-        rows.append(
-            (
-                f"PeftTrainer.train, {label}",
-                run_trainer(path, sequences, checkpointing, args.repeats),
-                baseline,
+        steps = {
+            f"baseline: PEFT + HF loss, {label}": baseline_step(path, sequences, checkpointing),
+            f"PeftTrainer.train, {label}": trainer_step(path, sequences, checkpointing),
+        }
+        results = measure(steps, args.repeats)
+        base = next(iter(results.values()))
+        for name, r in results.items():
+            ratio = f"{base.wall / r.wall:.2f}x, {base.cpu / r.cpu:.2f}x"
+            print(
+                f"| {name:<44} | {r.wall:>6.2f} | {tokens / r.wall:>8.0f} | {r.cpu:>5.1f} | "
+                f"{r.peak_rss_gb:>11.2f} | {ratio:>23} |"
             )
-        )
-    print(f"| {'run':<52} | wall s | tokens/s | CPU s | peak RSS GB | vs baseline (wall) |")
-    print(f"|{'-' * 54}|--------|----------|-------|-------------|--------------------|")
-    for name, (wall, cpu, rss), (base_wall, _, _) in rows:
-        print(
-            f"| {name:<52} | {wall:>6.2f} | {tokens / wall:>8.0f} | {cpu:>5.1f} | {rss:>11.2f} | {base_wall / wall:>17.2f}x |"
-        )
+        del steps, results
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ def group_advantages(rewards: Sequence[float], scale_rewards: bool = True) -> li
     n = len(rewards)
     if n == 0:
         return []
+    if max(rewards) == min(rewards):
+        return [0.0] * n  # exact zeros: the mean of equal floats can round, and 1e-11 is not "no signal"
     mean = sum(rewards) / n
     centred = [r - mean for r in rewards]
     if not scale_rewards:

@@ -357,8 +357,6 @@ def tokenize_groups(
         mean = sum(group_rewards) / len(group_rewards)
         stds.append(math.sqrt(sum((r - mean) ** 2 for r in group_rewards) / len(group_rewards)))
         advantages = group_advantages(group_rewards, scale_rewards=scale_rewards)
-        if max(group_rewards) == min(group_rewards):  # exact 0: float rounding of the mean can leave ~1e-11
-            advantages = [0.0] * len(advantages)
         trainable_groups += any(a != 0 for a in advantages)
         for ti, (t, advantage) in enumerate(zip(group.trajectories, advantages, strict=True)):
             if advantage == 0:

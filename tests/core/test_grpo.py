@@ -255,3 +255,9 @@ def test_bad_arguments_raise():
         policy_loss(one, one, one, one, loss_fn="grpo", epsilon=0.2, epsilon_high=0.2)
     with pytest.raises(ValueError, match="denominator"):
         policy_loss(one, one, one, one, epsilon=0.2, epsilon_high=0.2, denominator=0)
+
+
+def test_equal_float_rewards_give_exact_zero_advantages():
+    # the mean of [0.1, 0.1, 0.1] rounds to 0.1000000000000000055..., which must not leave a ~1e-11 signal
+    assert group_advantages([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]
+    assert group_advantages([0.1, 0.1, 0.1], scale_rewards=False) == [0.0, 0.0, 0.0]

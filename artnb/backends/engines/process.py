@@ -219,6 +219,9 @@ class HFEngine:
             "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1",
         }
+        # OpenMP threads that spin while waiting make a busy CPU (a notebook computing rewards, another
+        # process) 10x slower at decoding; sleeping waiters cost a few percent on an idle machine.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         command = [
             sys.executable, "-m", "artnb.backends.engines.hf_engine",
             "--model", self.model_path,

