@@ -12,6 +12,7 @@ import logging
 import statistics
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -75,6 +76,12 @@ class LocalBackend:
         self.trainer_config = trainer_config or TrainerConfig()
         self.engine_options = dict(engine_options or {})
         self._served: dict[str, _Served] = {}
+        # All trainer work runs on one thread: glibc gives each thread its own malloc arena, and a trainer
+        # hopping across the default pool's threads kept a multi-GB arena per thread (measured: OOM at 19 GB).
+        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="artnb-trainer")
+
+    async def _on_trainer_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._trainer_thread, fn, *args)
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -102,7 +109,7 @@ class LocalBackend:
         store.dir.mkdir(parents=True, exist_ok=True)
         (store.dir / "model.json").write_text(model.model_dump_json(indent=1))
         engine = self._make_engine(base_path, model, store)
-        trainer_task = asyncio.create_task(asyncio.to_thread(self._make_trainer, base_path, model))
+        trainer_task = asyncio.create_task(self._on_trainer_thread(self._make_trainer, base_path, model))
         try:
             await engine.start()
             trainer, tokenizer = await trainer_task
@@ -113,9 +120,9 @@ class LocalBackend:
         step = store.latest_step()
         if step is None:
             step = 0
-            await asyncio.to_thread(store.write_checkpoint, 0, trainer.save_checkpoint)
+            await self._on_trainer_thread(store.write_checkpoint, 0, trainer.save_checkpoint)
         else:
-            await asyncio.to_thread(trainer.load_checkpoint, store.checkpoint_path(step))
+            await self._on_trainer_thread(trainer.load_checkpoint, store.checkpoint_path(step))
         served = _Served(model, base_path, store, engine, trainer, tokenizer)
         self._served[model.name] = served
         await engine.load_adapter(model.get_inference_name(step), str(store.checkpoint_path(step)))
@@ -131,7 +138,9 @@ class LocalBackend:
 
         from .trainers.peft_trainer import PeftTrainer
 
-        return PeftTrainer(base_path, model.lora, self.trainer_config), AutoTokenizer.from_pretrained(base_path)
+        return PeftTrainer(base_path, model.lora, self.trainer_config), AutoTokenizer.from_pretrained(
+            base_path
+        )
 
     def _point_model_at_engine(self, model: TrainableModel, served: _Served) -> None:
         model.inference_base_url = served.engine.base_url
@@ -141,12 +150,16 @@ class LocalBackend:
     def _get(self, model: TrainableModel) -> _Served:
         served = self._served.get(model.name)
         if served is None:
-            raise RuntimeError(f"model {model.name!r} is not registered: call `await model.register(backend)` first")
+            raise RuntimeError(
+                f"model {model.name!r} is not registered: call `await model.register(backend)` first"
+            )
         return served
 
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`: restarts a dead engine before the next request."""
-        return httpx.AsyncClient(transport=_EngineTransport(self, model), timeout=httpx.Timeout(1200, connect=10))
+        return httpx.AsyncClient(
+            transport=_EngineTransport(self, model), timeout=httpx.Timeout(1200, connect=10)
+        )
 
     async def ensure_engine(self, model: TrainableModel) -> None:
         """Restart the model's engine if its process died, and load the latest adapter into it."""
@@ -165,7 +178,9 @@ class LocalBackend:
             served.engine = self._make_engine(served.base_path, model, served.store)
             await served.engine.start()
             step = self.get_step(model)
-            await served.engine.load_adapter(model.get_inference_name(step), str(served.store.checkpoint_path(step)))
+            await served.engine.load_adapter(
+                model.get_inference_name(step), str(served.store.checkpoint_path(step))
+            )
             self._point_model_at_engine(served.model, served)
 
     # training --------------------------------------------------------------------------------------
@@ -194,7 +209,9 @@ class LocalBackend:
         served = self._get(model)
         groups = [g for g in trajectory_groups]
         if not all(isinstance(g, TrajectoryGroup) for g in groups):
-            raise TypeError("train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first")
+            raise TypeError(
+                "train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first"
+            )
         async with served.lock:
             started = time.monotonic()
             step = self.get_step(model)
@@ -224,8 +241,10 @@ class LocalBackend:
                 await self.ensure_engine(model)
                 await served.engine.hold()
                 try:
-                    trainer_metrics = await asyncio.to_thread(served.trainer.train, batch.sequences, config)
-                    path = await asyncio.to_thread(
+                    trainer_metrics = await self._on_trainer_thread(
+                        served.trainer.train, batch.sequences, config
+                    )
+                    path = await self._on_trainer_thread(
                         served.store.write_checkpoint, step + 1, served.trainer.save_checkpoint
                     )
                     await served.engine.load_adapter(model.get_inference_name(step + 1), str(path))
@@ -240,7 +259,9 @@ class LocalBackend:
                 served.store.append_history(row)
             return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
 
-    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str = "val/reward") -> list[int]:
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
+    ) -> list[int]:
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest. Returns deleted steps."""
         store = RunStore(self.path, model.project, model.name)
         steps = store.steps()
@@ -272,7 +293,9 @@ class _EngineTransport(httpx.AsyncBaseTransport):
     def __init__(self, backend: LocalBackend, model: TrainableModel) -> None:
         self.backend = backend
         self.model = model
-        self.inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+        self.inner = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         served = self.backend._get(self.model)
@@ -301,5 +324,7 @@ def _merge_config(config: TrainConfig | None, options: dict[str, Any]) -> TrainC
     base = config.model_dump(exclude_unset=True) if config is not None else {}
     unknown = sorted(set(options) - set(TrainConfig.model_fields))
     if unknown:
-        raise TypeError(f"unknown training option(s) {unknown}; valid options: {sorted(TrainConfig.model_fields)}")
+        raise TypeError(
+            f"unknown training option(s) {unknown}; valid options: {sorted(TrainConfig.model_fields)}"
+        )
     return TrainConfig(**{**base, **options})

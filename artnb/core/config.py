@@ -46,7 +46,9 @@ class TrainConfig(_Strict):
     epsilon_high: float | None = Field(
         None, ge=0, description="upper clip; default epsilon for ppo, 4.0 for cispo (DAPO uses 0.28 with ppo)"
     )
-    scale_rewards: bool = Field(True, description="divide group advantages by the group std (False = Dr. GRPO)")
+    scale_rewards: bool = Field(
+        True, description="divide group advantages by the group std (False = Dr. GRPO)"
+    )
     kl_penalty_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the base model; 0 skips it")
     truncated_importance_sampling: float | None = Field(
         None, gt=0, description="cap on the engine/trainer probability ratio that weights each token's loss"
@@ -57,10 +59,12 @@ class TrainConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping threshold")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     micro_batch_tokens: int = Field(
-        4096, ge=64, description="token budget per forward/backward; lower it if memory runs out"
+        2048, ge=64, description="padded-token budget per forward/backward; lower it if memory runs out"
     )
     max_seq_length: int | None = Field(
-        None, ge=16, description="drop longer sequences (counted in metrics); None = the model's context length"
+        None,
+        ge=16,
+        description="drop longer sequences (counted in metrics); None = the model's context length",
     )
 
     @field_validator("learning_rate")
