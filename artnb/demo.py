@@ -24,7 +24,7 @@ from .tasks import tic_tac_toe
 
 @dataclass
 class DemoConfig:
-    steps: int = 6  # RL steps; 30-60 s each for the embedded model on 2 CPU cores
+    steps: int = 5  # RL steps; 40-100 s each for the embedded model on 2 CPU cores
     groups_per_step: int = 2  # opponent seeds per step
     group_size: int = 8  # games per seed; GRPO compares these
     learning_rate: float = 1e-3  # the 135M model needs ~1e-3; 3B+ models want ~1e-5
