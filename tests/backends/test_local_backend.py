@@ -45,7 +45,7 @@ def base():
 
 async def test_register_train_resume(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         assert await model.get_step() == 0
         assert (tmp_path / "p/models/agent/checkpoints/0000/adapter_model.safetensors").exists()
@@ -61,7 +61,7 @@ async def test_register_train_resume(tmp_path, base):
         assert "agent@1" in [m.id for m in served.data]
     # a new process (here: a new backend) resumes at the newest checkpoint and serves it
     model2 = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model2.register(backend)
         assert await model2.get_step() == 1
         traj = await pick(model2, seed=1)
@@ -70,7 +70,7 @@ async def test_register_train_resume(tmp_path, base):
 
 async def test_inference_waits_during_training_and_gets_the_new_adapter(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         groups = await gather(model, 0)
         train = asyncio.create_task(model.train(groups, learning_rate=1e-2))
@@ -97,7 +97,7 @@ async def test_inference_waits_during_training_and_gets_the_new_adapter(tmp_path
 
 async def test_concurrent_train_calls_run_one_after_the_other(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         g1, g2 = await gather(model, 0), await gather(model, 1)
         r1, r2 = await asyncio.gather(
@@ -109,7 +109,7 @@ async def test_concurrent_train_calls_run_one_after_the_other(tmp_path, base):
 
 async def test_batch_with_nothing_to_learn_still_advances_the_step(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         groups = await gather(model, 0)
         for g in groups:
@@ -123,7 +123,7 @@ async def test_batch_with_nothing_to_learn_still_advances_the_step(tmp_path, bas
 
 async def test_bad_batches_fail_before_anything_changes(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         groups = await gather(model, 0)
         groups[1].trajectories[3].reward = float("inf")
@@ -140,7 +140,7 @@ async def test_bad_batches_fail_before_anything_changes(tmp_path, base):
 
 async def test_a_dead_engine_is_restarted_by_the_next_call(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         engine = backend._served["agent"].engine
         os.kill(engine.pid, signal.SIGKILL)
@@ -158,7 +158,7 @@ async def test_a_dead_engine_is_restarted_by_the_next_call(tmp_path, base):
 
 async def test_reward_rises_on_a_trivially_learnable_task(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
-    async with art.LocalBackend(path=tmp_path) as backend:
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         means = []
         for step in range(5):

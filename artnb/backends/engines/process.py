@@ -6,7 +6,8 @@ grace period). Three things keep a server from outliving its parent: `stop()` re
 process group (so helper processes die too), and the server itself exiting when its parent does (the HF
 engine watches `os.getppid()`), which covers a kernel killed with SIGKILL, where atexit never runs.
 
-`HFEngine` runs `artnb.backends.engines.hf_engine` this way and wraps its HTTP control API.
+`ServerEngine` is what both engine clients share (port, API key, log, control calls); `HFEngine` runs
+`artnb.backends.engines.hf_engine` this way, `VLLMEngine` (vllm_engine.py) runs vLLM's server.
 """
 
 from __future__ import annotations
@@ -136,9 +137,10 @@ class EngineProcess:
             pass
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:`port` (a socket in TIME_WAIT does not count, as for uvicorn)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -153,28 +155,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class HFEngine:
-    """The transformers inference server (`hf_engine.py`) in a child process, with its control API.
+class ServerEngine:
+    """What both engines share: a server child process on 127.0.0.1 with an API key, and its HTTP control API.
 
-    >>> engine = HFEngine(artnb.models.tiny(), "base", log_dir="logs")
-    >>> await engine.start()
-    >>> client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
-    >>> await engine.stop()
+    Subclasses set `kind` (for messages and the log name) and implement `start()` by building a command and
+    calling `_launch()`.
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        served_name: str,
-        log_dir: str | Path,
-        *,
-        device: str = "auto",
-        max_batch_size: int = 32,
-        max_loras: int = 4,
-        port: int | None = None,
-    ):
-        self.model_path, self.served_name, self.log_dir = str(model_path), served_name, Path(log_dir)
-        self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
+    kind = "engine"
+
+    def __init__(self, model_path: str | Path, served_name: str, log_dir: str | Path, port: int | None):
+        self.model_path = os.path.expanduser(str(model_path))  # a hub id stays as it is
+        self.served_name, self.log_dir = served_name, Path(log_dir)
         self._auto_port = port is None
         self.port = free_port() if port is None else port
         self.api_key = secrets.token_urlsafe(24)
@@ -186,7 +178,7 @@ class HFEngine:
 
     @property
     def log_path(self) -> Path:
-        return self.log_dir / f"hf_engine_{self.port}.log"
+        return self.log_dir / f"{self.kind.lower()}_engine_{self.port}.log"
 
     @property
     def pid(self) -> int | None:
@@ -199,28 +191,113 @@ class HFEngine:
     def alive(self) -> bool:
         return self._process is not None and self._process.alive()
 
-    async def start(self, timeout: float = 300) -> None:
-        """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
+    def _claim_port(self) -> None:
+        """Check the port before launching: a fixed port in use is an error, an automatic one is re-picked."""
         if self.alive():
             raise RuntimeError(
-                f"this HF engine is already running (pid {self.pid}): stop() it before starting again"
+                f"this {self.kind} engine is already running (pid {self.pid}): stop() it before starting again"
             )
-        if not _port_free(self.port):
-            if not self._auto_port:
-                raise OSError(
-                    f"port {self.port} on 127.0.0.1 is already in use (another engine or server?): pass "
-                    f"port=None to pick a free port, or stop what listens there (`lsof -i :{self.port}`)"
-                )
-            self.port = free_port()
+        if port_free(self.port):
+            return
+        if not self._auto_port:
+            raise OSError(
+                f"port {self.port} on 127.0.0.1 is already in use (another engine or server?): pass "
+                f"port=None to pick a free port, or stop what listens there (`lsof -i :{self.port}`)"
+            )
+        self.port = free_port()
+
+    def _server_env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The child's environment: ours, artnb importable, unbuffered output, then `extra` (which wins)."""
         package_root = str(Path(artnb.__file__).resolve().parent.parent)
-        env = {
+        return {
             **os.environ,
-            API_KEY_ENV: self.api_key,  # not on the command line, where `ps` would show it
             "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1",
+            **extra,
         }
+
+    def _launch(self, command: list[str], env: dict[str, str]) -> None:
+        health = f"http://127.0.0.1:{self.port}/health"
+        name = f"{self.kind} engine ({self.served_name})"
+        self._process = EngineProcess(command, self.log_path, health, name=name, env=env)
+        self._process.start()
+
+    async def stop(self) -> None:
+        if self._process:
+            await asyncio.to_thread(self._process.stop)
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float = 300) -> None:
+        raise NotImplementedError
+
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        """One control request; a non-200 answer raises with the server's message (and its log if it died)."""
+        if not self.alive():
+            raise RuntimeError(
+                f"the {self.kind} engine is not running (exit code {self.returncode}): start() it; "
+                f"log: {self.log_path}"
+            )
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        async with httpx.AsyncClient(timeout=None) as client:
+            response = await client.request(
+                method, f"http://127.0.0.1:{self.port}{path}", json=body, params=params, headers=headers
+            )
+        if response.status_code != 200:
+            try:
+                error = response.json().get("error")
+                message = error.get("message", error) if isinstance(error, dict) else error
+            except (ValueError, AttributeError):
+                message = response.text
+            if not self.alive():
+                message = f"{message}. The engine exited (code {self.returncode}); last log lines:\n" + (
+                    self._process.log_tail()
+                )
+            raise RuntimeError(f"{self.kind} engine {path} failed ({response.status_code}): {message}")
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+
+class HFEngine(ServerEngine):
+    """The transformers inference server (`hf_engine.py`) in a child process, with its control API.
+
+    >>> engine = HFEngine(artnb.models.tiny(), "base", log_dir="logs")
+    >>> await engine.start()
+    >>> client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
+    >>> await engine.stop()
+    """
+
+    kind = "HF"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        served_name: str,
+        log_dir: str | Path,
+        *,
+        device: str = "auto",
+        max_batch_size: int = 32,
+        max_loras: int = 4,
+        port: int | None = None,
+    ):
+        super().__init__(model_path, served_name, log_dir, port)
+        self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
+
+    async def start(self, timeout: float = 300) -> None:
+        """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
+        self._claim_port()
         # OpenMP threads that spin while waiting make a busy CPU (a notebook computing rewards, another
         # process) 10x slower at decoding; sleeping waiters cost a few percent on an idle machine.
+        env = self._server_env({API_KEY_ENV: self.api_key})  # not on the command line, where `ps` shows it
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         command = [
             sys.executable, "-m", "artnb.backends.engines.hf_engine",
@@ -232,41 +309,8 @@ class HFEngine:
             "--max-loras", str(self.max_loras),
             "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
         ]  # fmt: skip
-        health = f"http://127.0.0.1:{self.port}/health"
-        self._process = EngineProcess(
-            command, self.log_path, health, name=f"HF engine ({self.served_name})", env=env
-        )
-        self._process.start()
+        self._launch(command, env)
         await asyncio.to_thread(self._process.wait_ready, timeout)
-
-    async def stop(self) -> None:
-        if self._process:
-            await asyncio.to_thread(self._process.stop)
-
-    async def __aenter__(self) -> HFEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        if not self.alive():
-            raise RuntimeError(
-                f"the HF engine is not running (exit code {self.returncode}): start() it; log: {self.log_path}"
-            )
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        async with httpx.AsyncClient(timeout=None) as client:
-            response = await client.request(
-                method, f"http://127.0.0.1:{self.port}{path}", json=body, headers=headers
-            )
-        if response.status_code != 200:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text
-            raise RuntimeError(f"HF engine {path} failed ({response.status_code}): {message}")
-        return response.json()
 
     async def load_adapter(self, lora_name: str, lora_path: str) -> None:
         """Load a PEFT adapter directory under `lora_name` (replacing one of that name)."""

@@ -49,10 +49,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-import artnb
-from artnb.backends.engines.process import EngineProcess, _port_free, free_port
+from artnb.backends.engines.process import ServerEngine
 
 # vLLM accepts only these values for --max-lora-rank.
 _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -147,7 +144,7 @@ def _tool_parser_args(model_path: str) -> list[str]:
     return []
 
 
-class VLLMEngine:
+class VLLMEngine(ServerEngine):
     """vLLM's OpenAI-compatible server in a child process, with runtime LoRA loading and hold/release.
 
     >>> engine = VLLMEngine(artnb.models.embedded_model_path(), "base", log_dir="logs")
@@ -161,6 +158,8 @@ class VLLMEngine:
       unloads the oldest. extra_args: more `vllm serve` arguments, overriding the defaults. env: environment
       variables for the server, overriding the defaults (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU).
     """
+
+    kind = "vLLM"
 
     def __init__(
         self,
@@ -176,36 +175,12 @@ class VLLMEngine:
     ):
         if max_loras < 1:
             raise ValueError(f"max_loras={max_loras}: keep at least 1 adapter loaded")
-        self.model_path = str(Path(model_path).expanduser())  # a hub id stays as it is
-        self.served_name, self.log_dir = served_name, Path(log_dir)
+        super().__init__(model_path, served_name, log_dir, port)
         self.max_lora_rank, self.max_loras = _lora_rank_arg(max_lora_rank), max_loras
         self.extra_args, self.env = list(extra_args or []), dict(env or {})
-        self._auto_port = port is None
-        self.port = free_port() if port is None else port
-        self.api_key = secrets.token_urlsafe(24)
         self.adapters: OrderedDict[str, str] = OrderedDict()  # name -> path, oldest-loaded first
         self.sleep_mode = False  # decided at start(): True on CUDA
         self._asleep = False
-        self._process: EngineProcess | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def log_path(self) -> Path:
-        return self.log_dir / f"vllm_engine_{self.port}.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.returncode if self._process else None
-
-    def alive(self) -> bool:
-        return self._process is not None and self._process.alive()
 
     def command(self, on_cuda: bool) -> list[str]:
         """The launcher command line: the defaults, then `extra_args` (which win)."""
@@ -237,36 +212,24 @@ class VLLMEngine:
                 f"{self.model_path} is not a model directory (no config.json): pass a directory written by "
                 f"save_pretrained or a Hugging Face hub id"
             )
-        if not _port_free(self.port):
-            if not self._auto_port:
-                raise OSError(
-                    f"port {self.port} on 127.0.0.1 is already in use (another engine or server?): pass "
-                    f"port=None to pick a free port, or stop what listens there (`lsof -i :{self.port}`)"
-                )
-            self.port = free_port()
+        self._claim_port()
         import torch
 
         on_cuda = torch.cuda.is_available()
         _, platform_env = _platform_defaults(on_cuda)
-        package_root = str(Path(artnb.__file__).resolve().parent.parent)
-        env = {
-            **os.environ,
-            **platform_env,
-            "VLLM_API_KEY": self.api_key,  # not on the command line, where `ps` would show it
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
-            "PYTHONUNBUFFERED": "1",
-            **self.env,
-        }
+        env = self._server_env(
+            {
+                **platform_env,
+                "VLLM_API_KEY": self.api_key,  # not on the command line, where `ps` would show it
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                **self.env,
+            }
+        )
         self.sleep_mode = on_cuda and "--no-enable-sleep-mode" not in self.extra_args
         self._asleep = False
         self.adapters.clear()
-        health = f"http://127.0.0.1:{self.port}/health"
-        self._process = EngineProcess(
-            self.command(on_cuda), self.log_path, health, name=f"vLLM engine ({self.served_name})", env=env
-        )
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._process.start()
+        self._launch(self.command(on_cuda), env)
         try:
             await asyncio.to_thread(self._process.wait_ready, timeout)
             # A served /health does not prove the model runs (e.g. an attention shape the CPU kernels lack).
@@ -282,45 +245,6 @@ class VLLMEngine:
                 f"vLLM could not serve {self.model_path}: {cause or 'see the log'}. Check that vLLM supports "
                 f"this model on this device, or use LocalBackend(engine='hf'). Log: {self.log_path}"
             ) from error
-
-    async def stop(self) -> None:
-        if self._process:
-            await asyncio.to_thread(self._process.stop)
-
-    async def __aenter__(self) -> VLLMEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None
-    ) -> Any:
-        if not self.alive():
-            raise RuntimeError(
-                f"the vLLM engine is not running (exit code {self.returncode}): start() it; log: {self.log_path}"
-            )
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        async with httpx.AsyncClient(timeout=None) as client:
-            response = await client.request(
-                method, f"http://127.0.0.1:{self.port}{path}", json=body, params=params, headers=headers
-            )
-        if response.status_code != 200:
-            try:
-                error = response.json().get("error")
-                message = error.get("message", error) if isinstance(error, dict) else error
-            except (ValueError, AttributeError):
-                message = response.text
-            if not self.alive():
-                message = f"{message}. The engine exited (code {self.returncode}); last log lines:\n" + (
-                    self._process.log_tail()
-                )
-            raise RuntimeError(f"vLLM engine {path} failed ({response.status_code}): {message}")
-        try:
-            return response.json()
-        except ValueError:
-            return response.text
 
     async def load_adapter(self, lora_name: str, lora_path: str) -> None:
         """Load a PEFT adapter directory as `lora_name` (replacing one of that name).
