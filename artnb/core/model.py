@@ -159,6 +159,36 @@ class TrainableModel(Model):
     async def get_step(self) -> int:
         return self._require_backend().get_step(self)
 
+    def as_base_model(self) -> Model:
+        """The base model without any adapter, on this model's engine: a baseline for evaluations, and a judge
+        for RULER that needs no API key (`art.ruler_score_group(group, model.as_base_model())`).
+
+        >>> base = model.as_base_model()
+        >>> await base.openai_client().chat.completions.create(model=base.get_inference_name(), ...)
+        """
+        self._require_backend()
+        if not self.inference_base_url:
+            raise RuntimeError(f"model {self.name!r} is not being served: `await model.register(backend)` first")
+        base = _BaseOf(
+            name=f"{self.name}-base",
+            project=self.project,
+            base_path=self.base_path,
+            inference_base_url=self.inference_base_url,
+            inference_api_key=self.inference_api_key,
+            inference_model_name=self.base_model,
+        )
+        base._owner = self
+        return base
+
+
+class _BaseOf(Model):
+    """`TrainableModel.as_base_model()`: requests go through the owner's transport, which follows engine restarts."""
+
+    _owner: Any = PrivateAttr(default=None)
+
+    def _http_client(self):
+        return self._owner._http_client()
+
     async def train(
         self, trajectory_groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, **options: Any
     ) -> TrainResult:
