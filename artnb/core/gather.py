@@ -46,12 +46,13 @@ class _Progress:
             return math.floor(m * max(self.total, 1))
         return int(m)
 
-    def add_trajectory(self, t: Trajectory) -> None:
+    def add_trajectory(self, t: Trajectory, advance: int = 1) -> None:
+        """Count `t` in the running means; move the bar by `advance` rollouts (0 for a rollout's later trajectories)."""
         for key, value in {"reward": t.reward, **t.metrics}.items():
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self.sums[key] = self.sums.get(key, 0.0) + float(value)
                 self.counts[key] = self.counts.get(key, 0) + 1
-        self._refresh()
+        self._refresh(advance)
 
     def add_exception(self, exc: BaseException) -> None:
         self.exceptions += 1
@@ -62,12 +63,12 @@ class _Progress:
                 f"the first failure follows. Raise max_exceptions (a count or a fraction) to tolerate failures."
             ) from exc
 
-    def _refresh(self) -> None:
+    def _refresh(self, advance: int = 1) -> None:
         postfix = {k: f"{self.sums[k] / self.counts[k]:.3g}" for k in self.sums}
         if self.exceptions:
             postfix["exceptions"] = str(self.exceptions)
         self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(1)
+        self.bar.update(advance)
 
     def close(self) -> None:
         self.bar.close()
@@ -191,8 +192,11 @@ async def gather_trajectories(
         except Exception as exc:
             progress.add_exception(exc)
             return exc
-        for t in result if isinstance(result, list) else [result]:
-            progress.add_trajectory(t)
+        trajectories = result if isinstance(result, list) else [result]
+        for i, t in enumerate(trajectories):  # the bar counts rollouts; one may return several trajectories
+            progress.add_trajectory(t, advance=int(i == 0))
+        if not trajectories:
+            progress.bar.update(1)
         return result
 
     try:

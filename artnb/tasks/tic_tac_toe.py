@@ -1,10 +1,13 @@
 """Tic-tac-toe against a random opponent: the smallest multi-turn agent task that a 135M model can learn.
 
-The model plays one side; each of its moves is one chat request whose answer is constrained to the nine cell
-names (`guided_choice`, which both artnb engines and vLLM honour). A 135M model does not follow free-form
-formats, and a constrained answer makes every reply well-formed, so what is learned is which cell: first to
-pick empty cells (legal moves), then to win. Reward: win 1, draw 0.5, loss 0, an illegal move ends the game at
--0.5; each legal move adds 0.1, so legality is rewarded before the model can win often.
+The model plays either side; each of its moves is one chat request in one growing conversation (a game has at
+most five), whose answer is constrained to the nine cell names (`structured_outputs.choice`, which both artnb
+engines and vLLM honour; vLLM ignores the older `guided_choice` without a word). A 135M model does not follow
+free-form formats, and a constrained answer makes every reply well-formed, so what is learned is which cell:
+first to pick empty cells (legal moves), then to win. With `constrained=False` (e.g. a hosted model) the reply
+is read leniently ("b2." is B2) and anything else is an illegal move. Reward: win 1, draw 0.5, loss 0, an
+illegal move ends the game at -0.5; each legal move adds 0.1, so legality is rewarded before the model can win
+often.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from openai.types.chat.chat_completion import Choice
+
+from ..core.gather import retry
 from ..core.model import Model
 from ..core.trajectory import Trajectory
+from .replies import TRANSIENT_ERRORS
 
 CELLS = [f"{r}{c}" for r in "ABC" for c in "123"]
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
@@ -56,6 +63,27 @@ class Outcome:
         return base + 0.1 * self.legal_moves
 
 
+def parse_cell(text: str | None) -> str | None:
+    """The cell a reply names ("b2." -> "B2"), or None when it names none."""
+    word = (text or "").strip().strip(".!\"'`*").strip().upper()
+    return word if word in CELLS else None
+
+
+@retry(exceptions=TRANSIENT_ERRORS)
+async def _ask_move(
+    model: Model, messages: list[dict], *, step: int | None, temperature: float, constrained: bool
+) -> Choice:
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(step),
+        messages=messages,
+        max_tokens=4 if constrained else 16,
+        temperature=temperature,
+        logprobs=True,
+        extra_body={"structured_outputs": {"choice": CELLS}} if constrained else None,
+    )
+    return completion.choices[0]
+
+
 async def rollout(
     model: Model,
     scenario: int,
@@ -63,13 +91,13 @@ async def rollout(
     side: str = "X",
     step: int | None = None,
     temperature: float = 1.0,
+    constrained: bool = True,
 ) -> Trajectory:
     """Play one game; `scenario` seeds the opponent. X moves first. Returns the scored trajectory."""
     if side not in ("X", "O"):
         raise ValueError(f"side must be 'X' or 'O', got {side!r}")
     opponent = "O" if side == "X" else "X"
     rng = random.Random(scenario)
-    client = model.openai_client()
     board = Board()
     traj = Trajectory(
         messages_and_choices=[{"role": "system", "content": SYSTEM.format(side=side)}],
@@ -83,21 +111,15 @@ async def rollout(
             board.cells[rng.choice(board.empty())] = opponent
         else:
             traj.messages_and_choices.append({"role": "user", "content": board.render()})
-            completion = await client.chat.completions.create(
-                model=model.get_inference_name(step),
-                messages=traj.messages(),
-                max_tokens=4,
-                temperature=temperature,
-                logprobs=True,
-                extra_body={"guided_choice": CELLS},
+            choice = await _ask_move(
+                model, traj.messages(), step=step, temperature=temperature, constrained=constrained
             )
-            choice = completion.choices[0]
             traj.messages_and_choices.append(choice)
             moves += 1
-            answer = (choice.message.content or "").strip()
-            if answer not in CELLS or board.cells[CELLS.index(answer)] != ".":
+            answer = parse_cell(choice.message.content)
+            if answer is None or board.cells[CELLS.index(answer)] != ".":
                 result = "illegal"
-                traj.log(f"illegal move {answer!r} on\n{board.render()}")
+                traj.log(f"illegal move {choice.message.content!r} on\n{board.render()}")
                 break
             legal += 1
             board.cells[CELLS.index(answer)] = side

@@ -109,3 +109,13 @@ def test_trajectory_track_duration_and_messages():
     assert t.trainable_turns() == 1
     with pytest.raises(TypeError, match="message dicts or Choice"):
         art.Trajectory(messages_and_choices=["just text"])
+
+
+async def test_progress_counts_rollouts_when_a_rollout_returns_several_trajectories(capsys):
+    async def game() -> list[art.Trajectory]:  # e.g. self-play: one game, a trajectory per player
+        return [await rollout(1), await rollout(0), await rollout(0.5)]
+
+    out = await art.gather_trajectories([game(), game()], pbar_desc="games")
+    assert [len(x) for x in out] == [3, 3]
+    err = capsys.readouterr().err
+    assert "games: 100%" in err and "2/2" in err and "6/2" not in err
