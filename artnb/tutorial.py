@@ -1,0 +1,89 @@
+"""The one parameter cell of every tutorial notebook, as a dataclass with defaults that run on a laptop CPU.
+
+A tutorial runs in three places: this CPU (quick mode, the embedded 135M model; CI executes it), a Colab GPU
+(a real model such as Qwen2.5-3B-Instruct, `quick=False`), and Binder (about 2 GB of RAM). Everything those
+places change lives here, so a notebook changes one cell and its other cells read:
+
+    settings = art.tutorial.Settings(base_model=art.models.DEFAULT, quick=True)
+    backend = settings.backend()
+    await model.register(backend)
+    await model.train(groups, config=settings.train_config())
+
+Binder's start script sets `ARTNB_LOW_MEMORY=1`: the HF engine (vLLM does not fit), gradient checkpointing and
+small micro-batches; the notebooks then replay recorded trajectories where training would not fit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import models
+from .backends.local import LocalBackend
+from .core.config import TrainConfig, TrainerConfig
+
+SMALL_MODEL_LR = 1e-3  # measured: the 135M model needs ~1e-3 (1e-4 showed no trend in 20 steps)
+LARGE_MODEL_LR = 1e-5  # the usual LoRA RL rate for 3B-14B models
+
+
+def _low_memory_from_env() -> bool:
+    return os.environ.get("ARTNB_LOW_MEMORY", "") not in ("", "0")
+
+
+@dataclass
+class Settings:
+    """What a tutorial's parameter cell decides. Quick mode: a few small steps that show the loop works."""
+
+    base_model: str = models.DEFAULT  # on a Colab GPU: "Qwen/Qwen2.5-3B-Instruct"
+    quick: bool = True  # False: enough steps and games to see learning (a GPU, or an hour of CPU)
+    low_memory: bool = field(default_factory=_low_memory_from_env)  # Binder: ~2 GB of RAM
+    path: str = "./.art"  # the run directory; a rerun resumes from its newest checkpoint
+    steps: int | None = None  # RL steps; None: 2 quick, 30 otherwise
+    groups_per_step: int | None = None  # scenarios per step; None: 2 quick, 4 otherwise
+    group_size: int | None = None  # rollouts per scenario (GRPO compares these); None: 4 quick, 8 otherwise
+    eval_scenarios: int | None = None  # evaluation games per model; None: 4 quick, 32 otherwise
+    learning_rate: float | None = None  # None: 1e-3 for the embedded or tiny models, 1e-5 for real ones
+
+    def __post_init__(self) -> None:
+        quick = self.quick
+        self.steps = self.steps if self.steps is not None else (2 if quick else 30)
+        self.groups_per_step = self.groups_per_step or (2 if quick else 4)
+        self.group_size = self.group_size or (4 if quick else 8)
+        self.eval_scenarios = self.eval_scenarios or (4 if quick else 32)
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: GRPO compares rollouts, so use at least 2")
+        if self.learning_rate is None:
+            self.learning_rate = SMALL_MODEL_LR if self.small_model else LARGE_MODEL_LR
+
+    @property
+    def small_model(self) -> bool:
+        """The embedded model or a tiny test model, which need a far larger learning rate than real ones."""
+        return self.base_model == models.DEFAULT or "tiny-llama" in self.base_model
+
+    def backend(self, **options: Any) -> LocalBackend:
+        """A LocalBackend for this place: vLLM when installed ("auto"), the HF engine in low-memory mode."""
+        kwargs: dict[str, Any] = {"path": self.path, "engine": "auto"}
+        if self.low_memory:
+            kwargs.update(
+                engine="hf",
+                trainer_config=TrainerConfig(gradient_checkpointing=True),
+                engine_options={"max_batch_size": 8},
+            )
+        return LocalBackend(**{**kwargs, **options})
+
+    def train_config(self, **options: Any) -> TrainConfig:
+        """The TrainConfig for this model size and place; keywords override (`settings.train_config(...)`)."""
+        values: dict[str, Any] = {"learning_rate": self.learning_rate}
+        if self.low_memory:
+            values["micro_batch_tokens"] = 512
+        return TrainConfig(**{**values, **options})
+
+    def scenarios(self, step: int, offset: int = 0) -> list[int]:
+        """The training scenarios (seeds) of `step`: new ones every step, never the evaluation ones."""
+        n = self.groups_per_step
+        return [offset + step * n + i for i in range(n)]
+
+    def evaluation_scenarios(self, offset: int = 1_000_000) -> list[int]:
+        """Seeds kept apart from training, the same for every model compared."""
+        return [offset + i for i in range(self.eval_scenarios)]
