@@ -4,9 +4,11 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not reach the network at import
 
-from . import models  # noqa: E402
+from . import models, tutorial  # noqa: E402
 from .backends.local import EngineDiedError, LocalBackend  # noqa: E402
+from .core.compare import RewardComparison, compare_rewards  # noqa: E402
 from .core.config import LoRAConfig, TrainConfig, TrainerConfig  # noqa: E402
+from .core.evaluate import evaluate, summarize_evaluation  # noqa: E402
 from .core.gather import (  # noqa: E402
     TooManyExceptions,
     gather_trajectories,
@@ -14,14 +16,17 @@ from .core.gather import (  # noqa: E402
     retry,
 )
 from .core.model import Model, TrainableModel, TrainResult  # noqa: E402
+from .core.ruler import DEFAULT_RUBRIC, ruler, ruler_score_group  # noqa: E402
 from .core.trajectory import History, Trajectory, TrajectoryGroup  # noqa: E402
 
 __all__ = [
+    "DEFAULT_RUBRIC",
     "EngineDiedError",
     "History",
     "LoRAConfig",
     "LocalBackend",
     "Model",
+    "RewardComparison",
     "TooManyExceptions",
     "TrainConfig",
     "TrainResult",
@@ -29,8 +34,23 @@ __all__ = [
     "TrainerConfig",
     "Trajectory",
     "TrajectoryGroup",
+    "compare_rewards",
+    "evaluate",
     "gather_trajectories",
     "gather_trajectory_groups",
     "models",
     "retry",
+    "ruler",
+    "ruler_score_group",
+    "summarize_evaluation",
+    "tutorial",
 ]
+
+
+def __getattr__(name: str):
+    # `art.widgets` is imported on first use, so `import artnb` stays free of ipywidgets and plotly.
+    if name == "widgets":
+        import importlib
+
+        return importlib.import_module(".widgets", __name__)
+    raise AttributeError(f"module 'artnb' has no attribute {name!r}")

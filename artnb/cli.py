@@ -1,4 +1,4 @@
-"""The `artnb` command: `artnb demo [--steps N]`."""
+"""The `artnb` command: `artnb demo [--steps N] [--ruler]`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train the embedded model on tic-tac-toe and write an HTML report")
     for f in dataclasses.fields(DemoConfig):
-        demo.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+        flag = f"--{f.name.replace('_', '-')}"
+        if isinstance(f.default, bool):
+            demo.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            demo.add_argument(flag, type=type(f.default), default=f.default)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import main as demo_main

@@ -3,6 +3,10 @@
 One readable recipe: register, then per step gather groups of games, train, print a line, and finally write an
 HTML report with the reward curve. Each group replays one opponent seed, so the rollouts in a group differ only
 by the model's sampling, which is what GRPO compares.
+
+With `--ruler`, each group is scored by RULER before training, the judge being the base model on the same
+engine: offline, no API key. The first group's game rewards are printed beside the judge's scores. A 135M
+judge shows that the pipeline runs, not good judgement: use a stronger judge for real work.
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from . import models
 from .backends.local import LocalBackend
+from .core.compare import compare_rewards
 from .core.config import TrainConfig
 from .core.gather import gather_trajectory_groups
 from .core.model import TrainableModel, summarize_groups
+from .core.ruler import ruler_score_group
 from .core.trajectory import TrajectoryGroup
 from .plots import reward_figure
 from .tasks import tic_tac_toe
@@ -35,6 +42,7 @@ class DemoConfig:
     report: str = "reports/demo.html"
     seed: int = 0
     engine: str = "auto"
+    ruler: bool = False  # rewards from RULER (the base model judging each group) instead of the game's
 
 
 async def run_demo(cfg: DemoConfig) -> list[dict]:
@@ -43,16 +51,29 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
     async with LocalBackend(path=cfg.path, engine=cfg.engine) as backend:
         t0 = time.monotonic()
         await model.register(backend)
-        print(f"registered {cfg.base_model} in {time.monotonic() - t0:.0f}s; resuming at step {await model.get_step()}")
+        print(
+            f"registered {cfg.base_model} in {time.monotonic() - t0:.0f}s; resuming at step {await model.get_step()}"
+        )
         print(f"{'step':>4} {'reward':>7} {'legal':>6} {'win':>5} {'rollout_s':>9} {'train_s':>7}")
         start = await model.get_step()
         for step in range(start, start + cfg.steps):
             t0 = time.monotonic()
             seeds = [cfg.seed * 100_000 + step * cfg.groups_per_step + i for i in range(cfg.groups_per_step)]
+            judge = model.as_base_model() if cfg.ruler else None  # the untrained base model, same engine
             groups = await gather_trajectory_groups(
-                (TrajectoryGroup(tic_tac_toe.rollout(model, s) for _ in range(cfg.group_size)) for s in seeds),
+                (
+                    TrajectoryGroup(tic_tac_toe.rollout(model, s) for _ in range(cfg.group_size))
+                    for s in seeds
+                ),
                 pbar_desc=f"gather step {step}",
+                after_each=partial(ruler_score_group, judge_model=judge) if judge else None,
             )
+            if judge and step == start:
+                table = compare_rewards(groups[0]).trajectories
+                print("first group: game reward beside RULER score (rank 1 = best)")
+                print(
+                    table[["independent_reward", "ruler_score", "independent_rank", "ruler_rank"]].to_string()
+                )
             rollout_s = time.monotonic() - t0
             t0 = time.monotonic()
             await model.train(groups, config=TrainConfig(learning_rate=cfg.learning_rate))
@@ -68,7 +89,10 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
         history = model.history()
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    figs = [reward_figure(history, m, title=t) for m, t in [("reward", "mean reward"), ("legal_move_rate", "legal-move rate"), ("win", "win rate")]]
+    figs = [
+        reward_figure(history, m, title=t)
+        for m, t in [("reward", "mean reward"), ("legal_move_rate", "legal-move rate"), ("win", "win rate")]
+    ]
     html = "<h1>artnb demo: tic-tac-toe</h1>" + "".join(
         f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)
     )

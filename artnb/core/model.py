@@ -146,7 +146,9 @@ class TrainableModel(Model):
 
     def _require_backend(self):
         if self._backend is None:
-            raise RuntimeError(f"model {self.name!r} is not registered: call `await model.register(backend)` first")
+            raise RuntimeError(
+                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
+            )
         return self._backend
 
     def _http_client(self):
@@ -159,6 +161,16 @@ class TrainableModel(Model):
     async def get_step(self) -> int:
         return self._require_backend().get_step(self)
 
+    async def train(
+        self, trajectory_groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, **options: Any
+    ) -> TrainResult:
+        """One GRPO step on the groups; inference waits meanwhile and then serves the new adapter."""
+        return await self._require_backend().train(self, trajectory_groups, config=config, **options)
+
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Delete every checkpoint except the latest and the one with the best mean `best_checkpoint_metric`."""
+        return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
+
     def as_base_model(self) -> Model:
         """The base model without any adapter, on this model's engine: a baseline for evaluations, and a judge
         for RULER that needs no API key (`art.ruler_score_group(group, model.as_base_model())`).
@@ -168,7 +180,9 @@ class TrainableModel(Model):
         """
         self._require_backend()
         if not self.inference_base_url:
-            raise RuntimeError(f"model {self.name!r} is not being served: `await model.register(backend)` first")
+            raise RuntimeError(
+                f"model {self.name!r} is not being served: `await model.register(backend)` first"
+            )
         base = _BaseOf(
             name=f"{self.name}-base",
             project=self.project,
@@ -188,16 +202,6 @@ class _BaseOf(Model):
 
     def _http_client(self):
         return self._owner._http_client()
-
-    async def train(
-        self, trajectory_groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, **options: Any
-    ) -> TrainResult:
-        """One GRPO step on the groups; inference waits meanwhile and then serves the new adapter."""
-        return await self._require_backend().train(self, trajectory_groups, config=config, **options)
-
-    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
-        """Delete every checkpoint except the latest and the one with the best mean `best_checkpoint_metric`."""
-        return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
 
 
 def _as_groups(trajectories: Any) -> list[TrajectoryGroup]:

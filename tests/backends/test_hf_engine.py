@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -155,6 +156,86 @@ async def test_guided_choice_always_returns_a_choice(client):
     assert len(seen) > 1, "a random model should not always pick the same choice"
     completion = await chat(client, n=4, extra_body={"structured_outputs": {"choice": ["A", "B"]}})
     assert {c.message.content for c in completion.choices} <= {"A", "B"}
+
+
+NAMED = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"}},
+    "required": ["name", "ok"],
+}
+MOVE = {
+    "type": "object",
+    "properties": {
+        "move": {"enum": ["A1", "B2", "C3"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["move", "n", "tags"],
+}
+
+
+def json_schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+async def test_json_schemas_constrain_each_row_of_a_shared_batch(engine, client):
+    """Rows with different schemas and one unconstrained row, decoded together: each keeps its own constraint."""
+    import jsonschema
+
+    alone = await chat(client, seed=11, max_tokens=12)
+    for schema in (NAMED, MOVE):  # compile first (cached after), so the four requests arrive together
+        await chat(client, max_tokens=1, response_format=json_schema_format(schema))
+    before = await engine.stats()
+    named, move, by_vllm_key, free = await asyncio.gather(
+        chat(client, n=3, max_tokens=60, response_format=json_schema_format(NAMED)),
+        chat(client, n=2, max_tokens=60, response_format=json_schema_format(MOVE)),
+        chat(client, max_tokens=60, extra_body={"structured_outputs": {"json": json.dumps(MOVE)}}),
+        chat(client, seed=11, max_tokens=12),
+    )
+    after = await engine.stats()
+    assert after["rows"] - before["rows"] == 7 and after["batches"] - before["batches"] <= 2
+    for completion, schema in [(named, NAMED), (move, MOVE), (by_vllm_key, MOVE)]:
+        for choice in completion.choices:
+            assert choice.finish_reason == "stop", choice.message.content
+            jsonschema.validate(json.loads(choice.message.content), schema)
+    assert len({c.message.content for c in named.choices}) > 1, "rows must sample independently"
+    # The unconstrained row sampled exactly what it samples alone: no other row's grammar reached it.
+    assert free.choices[0].token_ids == alone.choices[0].token_ids
+    assert not free.choices[0].message.content.lstrip().startswith("{")
+
+
+async def test_json_object_and_guided_json(client):
+    """Any JSON object: a random model may not close it within max_tokens, but it must start as one."""
+    completion = await chat(client, n=2, max_tokens=30, response_format={"type": "json_object"})
+    for choice in completion.choices:
+        assert choice.message.content.startswith("{")
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+    completion = await chat(client, max_tokens=60, extra_body={"guided_json": NAMED})
+    assert set(json.loads(completion.choices[0].message.content)) == {"name", "ok"}
+
+
+async def test_unsupported_or_ambiguous_constraints_are_clear_400s(client):
+    cases = [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs a schema"),
+        ({"response_format": {"type": "yaml"}}, "'yaml' is not supported"),
+        ({"response_format": json_schema_format({"type": "objekt"})}, "could not be compiled.*objekt"),
+        ({"extra_body": {"structured_outputs": {"regex": "[a-z]+"}}}, "\\['regex'\\] not supported"),
+        ({"extra_body": {"guided_grammar": "root ::= 'a'"}}, "guided_grammar are not supported"),
+        (
+            {"extra_body": {"structured_outputs": {"json": "{not json"}}},
+            "structured_outputs.json is not valid",
+        ),
+        (
+            {"response_format": {"type": "json_object"}, "extra_body": {"guided_choice": ["a"]}},
+            "pass only one output constraint",
+        ),
+        ({"extra_body": {"guided_choice": []}}, "guided_choice is empty"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(openai.BadRequestError, match=message):
+            await chat(client, **kwargs)
+    assert (await chat(client)).choices[0].message.content is not None
 
 
 WEATHER = {

@@ -1,15 +1,15 @@
 """The HF engine's decoding loop and request scheduler.
 
 Why a hand-written loop instead of `model.generate`: every row of a batch needs its own temperature, top_p,
-max_tokens, stop strings, seed and choice constraint, and the engine must report the raw log-probability of
-every sampled token. Design choices:
+max_tokens, stop strings, seed and output constraint (a choice trie or a JSON grammar, see hf_grammar.py),
+and the engine must report the raw log-probability of every sampled token. Design choices:
 
 - Left-padded batch, `position_ids` from the attention mask, a `DynamicCache`, and a prefill that keeps only
   the last position's logits (`logits_to_keep=1`), so the prompt never pays for a full-vocabulary projection.
 - Finished rows leave the batch (the KV cache is re-indexed), so a long straggler does not keep paying for
   rows that stopped early.
-- Reported logprobs are the model's log-softmax at temperature 1, before the choice mask, temperature or
-  top_p: that is what the trainer recomputes, and what vLLM reports by default.
+- Reported logprobs are the model's log-softmax at temperature 1, before the choice or grammar mask,
+  temperature or top_p: that is what the trainer recomputes, and what vLLM reports by default.
 - Each row samples with its own `torch.Generator`, so a seeded request is reproducible whatever else runs.
 - The scheduler batches requests that arrive within a few milliseconds of each other, runs one adapter's
   rows per batch in a worker thread, and resolves model names only when a batch is formed, so a request
@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+from artnb.backends.engines.hf_grammar import JsonConstraint, mask_logits
 
 _END = -1  # trie key marking "a complete choice ends here"
 
@@ -60,6 +62,7 @@ class Row:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None  # None: a fresh random seed
     choices: ChoiceTrie | None = None
+    grammar: JsonConstraint | None = None  # this row's own matcher (never shared between rows)
     top_logprobs: int = 0
     min_tokens: int = 0  # EOS is masked until this many tokens were sampled (benchmarks, vLLM's min_tokens)
     job: Any = None  # the scheduler's handle on the request this row belongs to
@@ -77,7 +80,7 @@ def _sample(
     eos_ids: list[int],
 ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
     """Pick one token per row; return the tokens, their raw logprobs and the requested top logprobs."""
-    logits = logits.float()
+    logits = logits.float().contiguous()  # masks below write in place (xgrammar needs contiguous rows)
     raw = torch.log_softmax(logits, dim=-1)
     for j, node in enumerate(nodes):
         if node is not None:
@@ -85,8 +88,9 @@ def _sample(
             masked = torch.full_like(logits[j], float("-inf"))
             masked[allowed] = logits[j, allowed]
             logits[j] = masked
+    mask_logits(logits, [row.grammar for row in rows])
     for j, row in enumerate(rows):
-        if len(row.token_ids) < row.min_tokens and row.choices is None:
+        if len(row.token_ids) < row.min_tokens and row.choices is None and row.grammar is None:
             logits[j, eos_ids] = float("-inf")
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=logits.device)
     scaled = logits / temps[:, None]
@@ -175,6 +179,8 @@ def decode_batch(
             row.top.append(tops[j])
             if nodes[i] is not None:
                 nodes[i] = nodes[i].get(token, {})
+            if row.grammar is not None:
+                row.grammar.accept(token)
             if token in eos_ids or (row.stop and _hit_stop(row, decode, tails[i])):
                 row.finish_reason = "stop"
             elif len(row.token_ids) >= row.max_tokens:

@@ -7,7 +7,9 @@ What it serves, and how it differs from OpenAI:
 - `POST /v1/chat/completions`, non-streaming. Every choice carries per-token logprobs (always, whatever the
   request asks) and the sampled `token_ids` (the field vLLM adds with `return_token_ids`), and the response
   carries `prompt_token_ids`: the trainer needs exactly these tokens, not a re-tokenization of the text.
-- `guided_choice` / `structured_outputs.choice` constrain the output to one of a few strings (vLLM's keys).
+- `guided_choice` / `structured_outputs.choice` constrain the output to one of a few strings (vLLM's keys);
+  `response_format` (`json_object`, `json_schema`), `structured_outputs.json` / `json_object` and `guided_json`
+  constrain it to JSON (hf_grammar.py), each row with its own grammar. Regex and grammar constraints get a 400.
 - LoRA adapters load and unload at runtime (vLLM's `/v1/load_lora_adapter` API). A model name `agent`
   resolves to the latest loaded `agent@N`, at the moment the request is scheduled.
 - `POST /artnb/hold` pauses scheduling without failing requests, so the trainer can swap adapters between
@@ -36,13 +38,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
+from artnb.backends.engines.hf_grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.hf_protocol import (
     ChatRequest,
     EngineError,
     LoadAdapterRequest,
+    StructuredOutput,
     UnloadAdapterRequest,
     error_response,
     parse_tool_calls,
+    structured_output,
     template_message,
 )
 from artnb.backends.engines.process import API_KEY_ENV
@@ -82,6 +87,9 @@ class HFServer:
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
         self._token_text: dict[int, str] = {}
+        vocab_size = self.base.get_output_embeddings().weight.shape[0]  # logits width, padding included
+        # The compiler reads the vocabulary on first use, in another thread: give it its own tokenizer.
+        self.grammars = GrammarCompiler(copy.deepcopy(self.tokenizer), vocab_size, self.eos_ids)
         self.scheduler = Scheduler(self.resolve, self.run_batch, max_batch_size)
 
     def served_names(self) -> list[str]:
@@ -170,22 +178,27 @@ class HFServer:
         else:
             self.peft.delete_adapter(internal)
 
-    def rows_for(self, request: ChatRequest) -> tuple[list[int], list[Row]]:
-        """Tokenize the conversation and expand the request into `n` rows; raises EngineError if invalid."""
+    def compile_grammar(self, constraint: StructuredOutput | None) -> Any:
+        """The compiled JSON grammar a request needs (None for none); blocking, so call it off the event loop."""
+        if constraint is None or not constraint.json:
+            return None
+        try:
+            return self.grammars.compile(constraint.schema)
+        except (ValueError, RuntimeError) as error:
+            raise EngineError(
+                400, f"{error}. Fix the schema in response_format / structured_outputs"
+            ) from error
+
+    def rows_for(
+        self, request: ChatRequest, constraint: StructuredOutput | None = None, grammar: Any = None
+    ) -> tuple[list[int], list[Row]]:
+        """Tokenize the conversation and expand the request into `n` rows; raises EngineError if invalid.
+
+        `constraint` is `structured_output(request)`; `grammar` its compiled JSON grammar, if it has one.
+        """
         if request.stream:
             raise EngineError(400, "streaming is not supported by the HF engine: call with stream=False")
-        if request.response_format and request.response_format.get("type", "text") != "text":
-            raise EngineError(400, "response_format is not supported by the HF engine: use guided_choice")
-        choices = request.guided_choice
-        if request.structured_outputs:
-            unsupported = set(request.structured_outputs) - {"choice"}
-            if unsupported:
-                raise EngineError(
-                    400, f"structured_outputs {sorted(unsupported)} not supported: only 'choice'"
-                )
-            choices = request.structured_outputs.get("choice")
-        if choices is not None and not choices:
-            raise EngineError(400, "guided_choice is empty: pass at least one allowed string")
+        choices = constraint.choices if constraint is not None else None
         try:
             text = self.tokenizer.apply_chat_template(
                 [template_message(m) for m in request.messages],
@@ -217,6 +230,7 @@ class HFServer:
                 stop=stop,
                 seed=None if request.seed is None else (request.seed * 1_000_003 + i) % 2**63,
                 choices=trie,
+                grammar=JsonConstraint(grammar) if grammar is not None else None,
                 top_logprobs=request.top_logprobs or 0,
                 min_tokens=request.min_tokens,
             )
@@ -259,7 +273,9 @@ class HFServer:
         }
 
     async def chat(self, request: ChatRequest) -> dict[str, Any]:
-        prompt, rows = self.rows_for(request)
+        constraint = structured_output(request)
+        grammar = await asyncio.to_thread(self.compile_grammar, constraint) if constraint else None
+        prompt, rows = self.rows_for(request, constraint, grammar)
         served = await self.scheduler.submit(request.model, rows)
         completion_tokens = sum(len(r.token_ids) for r in rows)
         return {

@@ -1,8 +1,9 @@
 """The OpenAI wire format as the HF engine speaks it: request models, errors, messages and tool calls.
 
 Requests are validated by pydantic; unknown fields are ignored (as vLLM does), but fields whose silent
-omission would change results (streaming, response_format, structured outputs other than `choice`) are
-rejected by the server with a message saying what to use instead. Errors use OpenAI's body
+omission would change results (streaming, structured outputs other than choice and JSON) are rejected by the
+server with a message saying what to use instead. `structured_output` reads the three spellings of a
+constraint (OpenAI's `response_format`, vLLM's `structured_outputs` and `guided_choice`) into one. Errors use OpenAI's body
 `{"error": {"message", "type", "code"}}`, so the openai client raises them with the message intact.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -46,9 +48,93 @@ class ChatRequest(BaseModel):
     min_tokens: int = Field(0, ge=0)  # vLLM's extra parameter: no EOS before this many tokens
     stream: bool | None = None
     guided_choice: list[str] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+@dataclass
+class StructuredOutput:
+    """What a request constrains its output to: one of `choices`, or JSON (`schema` None: any object)."""
+
+    choices: list[str] | None = None
+    json: bool = False
+    schema: dict[str, Any] | None = None
+
+
+def structured_output(request: ChatRequest) -> StructuredOutput | None:
+    """The request's output constraint, or None; raises EngineError (400) for what is unsupported or ambiguous."""
+    found: list[tuple[str, StructuredOutput]] = []
+    if request.guided_regex is not None or request.guided_grammar is not None:
+        raise EngineError(
+            400,
+            "guided_regex and guided_grammar are not supported by the HF engine: use guided_choice or a JSON "
+            "schema (or vLLM, LocalBackend(engine='vllm'), for regex and grammars)",
+        )
+    if request.guided_choice is not None:
+        found.append(("guided_choice", StructuredOutput(choices=request.guided_choice)))
+    if request.guided_json is not None:
+        found.append(
+            ("guided_json", StructuredOutput(json=True, schema=_schema("guided_json", request.guided_json)))
+        )
+    rf = request.response_format or {}
+    kind = rf.get("type", "text")
+    if kind == "json_object":
+        found.append(("response_format", StructuredOutput(json=True)))
+    elif kind == "json_schema":
+        spec = rf.get("json_schema") or {}
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise EngineError(
+                400,
+                "response_format json_schema needs a schema: pass "
+                '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+            )
+        found.append(("response_format", StructuredOutput(json=True, schema=schema)))
+    elif kind != "text":
+        raise EngineError(
+            400, f"response_format type {kind!r} is not supported: use 'text', 'json_object' or 'json_schema'"
+        )
+    so = {k: v for k, v in (request.structured_outputs or {}).items() if v is not None and v is not False}
+    unsupported = sorted(set(so) - {"choice", "json", "json_object"})
+    if unsupported:
+        raise EngineError(
+            400,
+            f"structured_outputs {unsupported} not supported by the HF engine: use 'choice', 'json' or "
+            "'json_object' (or vLLM, LocalBackend(engine='vllm'), for regex and grammars)",
+        )
+    if "choice" in so:
+        found.append(("structured_outputs.choice", StructuredOutput(choices=list(so["choice"]))))
+    if "json" in so:
+        schema = _schema("structured_outputs.json", so["json"])
+        found.append(("structured_outputs.json", StructuredOutput(json=True, schema=schema)))
+    if "json_object" in so:
+        found.append(("structured_outputs.json_object", StructuredOutput(json=True)))
+    if len(found) > 1:
+        raise EngineError(
+            400, f"the request sets {[name for name, _ in found]}: pass only one output constraint"
+        )
+    if not found:
+        return None
+    name, out = found[0]
+    if out.choices is not None and not out.choices:
+        raise EngineError(400, f"{name} is empty: pass at least one allowed string")
+    return out
+
+
+def _schema(field: str, value: Any) -> dict[str, Any]:
+    """A JSON schema given as an object or as a JSON string (vLLM accepts both)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise EngineError(400, f"{field} is not valid JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise EngineError(400, f"{field} must be a JSON schema object, got {type(value).__name__}")
+    return value
 
 
 class LoadAdapterRequest(BaseModel):
