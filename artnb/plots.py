@@ -1,46 +1,122 @@
-"""Plotly figures over a run's history, shared by the HTML report and the notebook widgets."""
+"""Plotly figures over a run's history, shared by the HTML report and the notebook widgets.
+
+The numbers come from `core.curves` (mean per split and step, a band for the spread); this module only turns
+them into traces, so the static report and the live `RewardPlot` widget draw the same thing.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 import plotly.graph_objects as go
+
+from .core.curves import Band, Curve, curves
 
 _BAND = {"train": "rgba(31,119,180,0.2)", "val": "rgba(255,127,14,0.2)"}
 _LINE = {"train": "rgb(31,119,180)", "val": "rgb(255,127,14)"}
 
 
-def reward_figure(history: pd.DataFrame, metric: str = "reward", title: str | None = None) -> go.Figure:
-    """Mean `metric` per step for each split, with a band of +/- the mean within-group reward std for rewards."""
-    fig = go.Figure()
-    for split in sorted(history["split"].dropna().unique()) if "split" in history else []:
-        col = f"{split}/{metric}"
-        if col not in history:
-            continue
-        rows = history[history["split"] == split].dropna(subset=[col]).groupby("step").mean(numeric_only=True)
-        if rows.empty:
-            continue
-        x, y = rows.index.tolist(), rows[col].tolist()
-        spread = f"{split}/reward_std_dev"
-        if metric == "reward" and spread in rows:
-            s = rows[spread].fillna(0).tolist()
-            fig.add_trace(
+def curve_traces(items: list[Curve]) -> list[go.Scatter]:
+    """A filled band trace (when the curve has one) and a line trace per curve."""
+    traces = []
+    for c in items:
+        if c.lower is not None and c.upper is not None:
+            traces.append(
                 go.Scatter(
-                    x=x + x[::-1],
-                    y=[a + b for a, b in zip(y, s)] + [a - b for a, b in zip(y[::-1], s[::-1])],
+                    x=c.steps + c.steps[::-1],
+                    y=c.upper + c.lower[::-1],
                     fill="toself",
-                    fillcolor=_BAND.get(split, "rgba(128,128,128,0.2)"),
+                    mode="lines",
+                    fillcolor=_BAND.get(c.split, "rgba(128,128,128,0.2)"),
                     line={"width": 0},
                     hoverinfo="skip",
-                    name=f"{split} ± std within group",
+                    name=f"{c.split} {c.band_label}",
+                    meta={"role": "band", "split": c.split},
                 )
             )
-        fig.add_trace(
-            go.Scatter(x=x, y=y, mode="lines+markers", name=f"{split}/{metric}", line={"color": _LINE.get(split)})
+        traces.append(
+            go.Scatter(
+                x=c.steps,
+                y=c.mean,
+                mode="lines+markers",
+                name=f"{c.split}/{c.metric}",
+                line={"color": _LINE.get(c.split)},
+                meta={"role": "mean", "split": c.split},
+            )
         )
+    return traces
+
+
+def style_reward_figure(fig: go.Figure, metric: str, title: str | None = None, last_step: int = 0) -> None:
+    """Titles and axes; steps are whole numbers, so a short run gets one tick per step."""
     fig.update_layout(
         title=title or metric,
         xaxis_title="step (policy that produced the rollouts)",
         yaxis_title=metric,
+        template="plotly_white",
+        height=380,
+    )
+    fig.update_xaxes(dtick=1 if last_step <= 20 else None, tickformat="d")
+
+
+def reward_figure(
+    history: pd.DataFrame,
+    metric: str = "reward",
+    title: str | None = None,
+    band: Band = "std",
+    values: Callable[[str], pd.DataFrame] | None = None,
+) -> go.Figure:
+    """Mean `metric` per step for each split, with a band for the spread (see `core.curves`)."""
+    items = curves(history, metric, band, values)
+    fig = go.Figure(curve_traces(items))
+    style_reward_figure(fig, metric, title, max((c.steps[-1] for c in items), default=0))
+    return fig
+
+
+def evaluation_figure(table: pd.DataFrame, metrics: tuple[str, ...] = ("reward",)) -> go.Figure:
+    """Bars of each metric's mean per model, with the standard deviation as error bars (`core.evaluate` table)."""
+    from .core.evaluate import summarize_evaluation
+
+    summary = summarize_evaluation(table, metrics)
+    fig = go.Figure(
+        [
+            go.Bar(
+                name=metric,
+                x=list(summary.index),
+                y=summary[(metric, "mean")].tolist(),
+                error_y={"type": "data", "array": summary[(metric, "std")].fillna(0).tolist()},
+                hovertext=[f"{int(n)} games" for n in summary[(metric, "count")]],
+            )
+            for metric in metrics
+        ]
+    )
+    fig.update_layout(
+        title="evaluation: same scenarios, each model", barmode="group", template="plotly_white", height=380
+    )
+    return fig
+
+
+def runs_figure(
+    runs: dict[str, tuple[pd.DataFrame, str]], split: str = "train", title: str = ""
+) -> go.Figure:
+    """One line per run: `{label: (history, metric)}`, the mean of `split/metric` per step.
+
+    For comparing runs that were rewarded differently on the same yardstick, e.g. the game's own reward,
+    which a RULER-trained run keeps as `independent_reward`.
+    """
+    fig = go.Figure()
+    for label, (history, metric) in runs.items():
+        column = f"{split}/{metric}"
+        if column not in history.columns:
+            raise KeyError(
+                f"run {label!r} has no {column!r} in its history; it has {sorted(history.columns)}"
+            )
+        rows = history[history["split"] == split].groupby("step")[column].mean().dropna()
+        fig.add_trace(go.Scatter(x=rows.index.tolist(), y=rows.tolist(), mode="lines+markers", name=label))
+    fig.update_layout(
+        title=title or f"{split}: runs compared",
+        xaxis_title="step (policy that produced the rollouts)",
         template="plotly_white",
         height=380,
     )

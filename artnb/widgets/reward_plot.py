@@ -1,0 +1,112 @@
+"""RewardPlot: a live plotly FigureWidget of a metric per step, mean line and spread band per split.
+
+It reads the history the backend writes (`history.jsonl`) and the logged trajectories for the band, so the
+same widget shows a running loop (call `refresh()` after a step; `TrainingPanel` does) and a finished run
+read from disk (`RewardPlot("./.art/project/models/name")`). The numbers come from `core.curves`, the traces
+from `artnb.plots`, which the static HTML report uses too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..core.curves import curves, metric_names, trajectory_values
+from ..core.model import Model
+from ..core.store import RunStore
+from ..plots import curve_traces, style_reward_figure
+
+BANDS = {"± std": "std", "min–max": "range", "none": "none"}
+
+
+def as_store(source: Model | RunStore | str | Path) -> RunStore:
+    """A model, a RunStore, or a model's run directory (`{path}/{project}/models/{name}`) as a RunStore."""
+    if isinstance(source, RunStore):
+        return source
+    if isinstance(source, Model):
+        return source.store
+    if isinstance(source, (str, Path)):
+        d = Path(source).expanduser().resolve()
+        if d.parent.name != "models":
+            raise ValueError(
+                f"{d} is not a model's run directory; pass the folder that holds history.jsonl, "
+                "i.e. {path}/{project}/models/{name}"
+            )
+        return RunStore(d.parent.parent.parent, d.parent.parent.name, d.name)
+    raise TypeError(
+        f"RewardPlot takes a model, a RunStore, a run directory or a history DataFrame, got {type(source).__name__}"
+    )
+
+
+class RewardPlot(widgets.VBox):
+    """Mean of a metric per step with a band for its spread; one line per split (train, val, ...).
+
+    Example:
+        plot = art.widgets.RewardPlot(model)            # or RewardPlot(model.store), RewardPlot(run_dir)
+        plot                                            # shows it; plot.refresh() after each step
+    """
+
+    def __init__(
+        self,
+        source: Model | RunStore | str | Path | pd.DataFrame,
+        metric: str = "reward",
+        band: str = "std",
+        title: str | None = None,
+    ) -> None:
+        if band not in BANDS.values():
+            raise ValueError(f"band={band!r}: choose one of {list(BANDS.values())}")
+        self._history_frame = source if isinstance(source, pd.DataFrame) else None
+        self.store = None if self._history_frame is not None else as_store(source)
+        self.title = title
+        self.figure = go.FigureWidget()
+        style_reward_figure(self.figure, metric, title)
+        self.metric = widgets.Dropdown(options=[metric], value=metric, description="metric")
+        self.band = widgets.Dropdown(
+            options=list(BANDS.items()), value=band, description="band", layout={"width": "200px"}
+        )
+        self.note = widgets.HTML()
+        self._refreshing = False
+        self.metric.observe(self._on_choice, names="value")
+        self.band.observe(self._on_choice, names="value")
+        super().__init__([widgets.HBox([self.metric, self.band]), self.figure, self.note])
+        self.add_class("artnb-reward-plot")
+        self.refresh()
+
+    def _on_choice(self, _: object) -> None:
+        if not self._refreshing:
+            self.refresh()
+
+    def history(self) -> pd.DataFrame:
+        return self._history_frame if self._history_frame is not None else self.store.history()
+
+    def refresh(self, history: pd.DataFrame | None = None) -> None:
+        """Re-read the history (or take the one given) and redraw; new steps appear as new points."""
+        history = self.history() if history is None else history
+        names = metric_names(history)
+        metric = self.metric.value
+        if metric not in names:
+            names = [metric, *names]
+        if list(self.metric.options) != names:
+            self._refreshing = True
+            try:
+                self.metric.options = names
+                self.metric.value = metric
+            finally:
+                self._refreshing = False
+        values = None if self.store is None else (lambda split: trajectory_values(self.store, split))
+        items = curves(history, metric, self.band.value, values)
+        with self.figure.batch_update():
+            self.figure.data = []
+            self.figure.add_traces(curve_traces(items))
+            style_reward_figure(self.figure, metric, self.title, max((c.steps[-1] for c in items), default=0))
+        self.note.value = (
+            "" if items else f"<i>no {metric!r} logged yet; points appear after each training step</i>"
+        )
+
+    @property
+    def points(self) -> dict[str, int]:
+        """Number of plotted steps per split (what a test or a user checks after a step)."""
+        return {t.meta["split"]: len(t.x) for t in self.figure.data if (t.meta or {}).get("role") == "mean"}
