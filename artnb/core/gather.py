@@ -74,7 +74,9 @@ class _Progress:
         self.bar.close()
 
 
-_progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar("artnb_gather_progress", default=None)
+_progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
+    "artnb_gather_progress", default=None
+)
 
 
 async def _all_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
@@ -93,7 +95,9 @@ async def _one(aw: Awaitable[Trajectory] | Trajectory, progress: _Progress) -> T
     try:
         result = await aw if inspect.isawaitable(aw) else aw
         if not isinstance(result, Trajectory):
-            raise TypeError(f"a rollout returned {type(result).__name__}; rollouts must return an art.Trajectory")
+            raise TypeError(
+                f"a rollout returned {type(result).__name__}; rollouts must return an art.Trajectory"
+            )
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a failed rollout is data, kept in group.exceptions
@@ -129,7 +133,9 @@ async def _apply_after_each(group: TrajectoryGroup, after_each: AfterEach | None
         return [out]
     if isinstance(out, list) and all(isinstance(g, TrajectoryGroup) for g in out):
         return out
-    raise TypeError(f"after_each must return a TrajectoryGroup, None or a list of them, got {type(out).__name__}")
+    raise TypeError(
+        f"after_each must return a TrajectoryGroup, None or a list of them, got {type(out).__name__}"
+    )
 
 
 async def gather_trajectory_groups(
@@ -163,7 +169,9 @@ async def gather_trajectory_groups(
         else:
             group = await item
             if not isinstance(group, TrajectoryGroup):
-                raise TypeError(f"gather_trajectory_groups got {type(group).__name__}; pass art.TrajectoryGroup(...)")
+                raise TypeError(
+                    f"gather_trajectory_groups got {type(group).__name__}; pass art.TrajectoryGroup(...)"
+                )
         return await _apply_after_each(group, after_each)
 
     try:

@@ -71,7 +71,9 @@ async def test_auto_falls_back_to_hf_when_vllm_cannot_serve_the_model(tmp_path):
     # vLLM's CPU attention kernels do not run head_dim 16, the tiny model's
     model = art.TrainableModel(name="agent", project="p", base_model=tiny(hidden_size=64, num_layers=2))
     async with art.LocalBackend(path=tmp_path, engine="auto") as backend:
-        with pytest.warns(UserWarning, match="(?s)vLLM could not serve .*head_dim.*Using the HF engine instead"):
+        with pytest.warns(
+            UserWarning, match="(?s)vLLM could not serve .*head_dim.*Using the HF engine instead"
+        ):
             await model.register(backend)
         assert isinstance(backend._served["agent"].engine, HFEngine)
         assert (await pick(model, seed=1)).messages_and_choices[-1].message.content in CHOICES

@@ -9,7 +9,9 @@ async def rollout(reward: float, delay: float = 0.0, fail: bool = False) -> art.
     await asyncio.sleep(delay)
     if fail:
         raise RuntimeError("rollout broke")
-    return art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}], reward=reward, metrics={"m": reward})
+    return art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "hi"}], reward=reward, metrics={"m": reward}
+    )
 
 
 async def test_groups_keep_input_order_and_trajectories():

@@ -48,8 +48,12 @@ async def test_model_log_writes_history_and_parquet(tmp_path):
     model = art.Model(name="m", project="p", base_path=str(tmp_path))
     group = art.TrajectoryGroup(
         [
-            art.Trajectory(messages_and_choices=[{"role": "user", "content": "a"}], reward=1.0, metrics={"win": True}),
-            art.Trajectory(messages_and_choices=[{"role": "user", "content": "b"}], reward=0.0, metrics={"win": False}),
+            art.Trajectory(
+                messages_and_choices=[{"role": "user", "content": "a"}], reward=1.0, metrics={"win": True}
+            ),
+            art.Trajectory(
+                messages_and_choices=[{"role": "user", "content": "b"}], reward=0.0, metrics={"win": False}
+            ),
         ]
     )
     row = await model.log([group], split="val", metrics={"custom": 2.0}, step=3)
