@@ -31,12 +31,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from openai.types.chat.chat_completion import Choice
-
-from ..core.gather import retry
 from ..core.model import Model
 from ..core.trajectory import History, Trajectory
-from .replies import TRANSIENT_ERRORS
+from .replies import ask_choice, parse_word
 
 SIZE = 4
 DIRECTIONS = ["left", "right", "up", "down"]
@@ -243,23 +240,7 @@ class Game:
 
 def parse_move(text: str | None) -> str | None:
     """The direction a reply names ("Left." -> "left"), or None when it names none."""
-    word = (text or "").strip().strip(".!\"'`*").strip().lower()
-    return word if word in DIRECTIONS else None
-
-
-@retry(exceptions=TRANSIENT_ERRORS)
-async def _ask_move(
-    model: Model, messages: list[dict], *, step: int | None, temperature: float, constrained: bool
-) -> Choice:
-    completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(step),
-        messages=messages,
-        max_tokens=4 if constrained else 16,
-        temperature=temperature,
-        logprobs=True,
-        extra_body={"structured_outputs": {"choice": DIRECTIONS}} if constrained else None,
-    )
-    return completion.choices[0]
+    return parse_word(text, DIRECTIONS)
 
 
 async def rollout(
@@ -287,7 +268,16 @@ async def rollout(
     note = ""
     while not game.done:
         messages = [system, {"role": "user", "content": note + game.board.render()}]
-        choice = await _ask_move(model, messages, step=step, temperature=temperature, constrained=constrained)
+        choice = await ask_choice(
+            model,
+            messages,
+            DIRECTIONS,
+            step=step,
+            temperature=temperature,
+            constrained=constrained,
+            max_tokens=4,
+            free_max_tokens=16,
+        )
         if game.moves == 0:
             traj.messages_and_choices = [*messages, choice]
         else:

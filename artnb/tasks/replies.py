@@ -1,7 +1,8 @@
-"""What every task does with a model's reply: retry transient API failures, and read a JSON object leniently.
+"""What every task does to get a move from a model and read it: ask (constrained to the legal choices on our
+engines, free for a hosted model), retry transient API failures, and read the reply leniently.
 
 Tasks constrain their moves on our engines, but also run against hosted models without constraints, where a
-reply may wrap its JSON in prose or code fences.
+reply may say "B2." or wrap its JSON in prose or code fences.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 import json
 
 import openai
+from openai.types.chat.chat_completion import Choice
+
+from ..core.gather import retry
+from ..core.model import Model
 
 # Failures worth another try (`art.retry(exceptions=TRANSIENT_ERRORS)`); a 4xx is the request's fault and is not.
 TRANSIENT_ERRORS = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
@@ -25,3 +30,34 @@ def json_object(text: str | None) -> dict | None:
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None
+
+
+@retry(exceptions=TRANSIENT_ERRORS)
+async def ask_choice(
+    model: Model,
+    messages: list[dict],
+    choices: list[str],
+    *,
+    step: int | None,
+    temperature: float,
+    constrained: bool,
+    max_tokens: int,
+    free_max_tokens: int,
+) -> Choice:
+    """One move: the reply is one of `choices` when `constrained` (`structured_outputs.choice`), else free text
+    of at most `free_max_tokens`. Returns the `Choice`, a trainable turn."""
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(step),
+        messages=messages,
+        max_tokens=max_tokens if constrained else free_max_tokens,
+        temperature=temperature,
+        logprobs=True,
+        extra_body={"structured_outputs": {"choice": choices}} if constrained else None,
+    )
+    return completion.choices[0]
+
+
+def parse_word(text: str | None, options: list[str]) -> str | None:
+    """The option a one-word reply names, ignoring case, spaces and trailing punctuation ("b2." is "B2")."""
+    word = (text or "").strip().strip(".!\"'`*").strip().casefold()
+    return next((option for option in options if option.casefold() == word), None)

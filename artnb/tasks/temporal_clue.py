@@ -32,12 +32,10 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
-from openai.types.chat.chat_completion import Choice
 
-from ..core.gather import retry
 from ..core.model import Model
 from ..core.trajectory import Trajectory
-from .replies import TRANSIENT_ERRORS, json_object
+from .replies import ask_choice, json_object
 
 SUSPECTS = ["Ada", "Bruno", "Clara", "Desmond", "Elif", "Farid", "Greta", "Hiro"]
 ROOMS = ["library", "kitchen", "study", "cellar", "attic", "greenhouse", "gallery", "pantry"]
@@ -390,27 +388,6 @@ def _decode(worlds: _Worlds, indices: np.ndarray) -> list[World]:
 SYSTEM = "You solve logic puzzles carefully and answer in the exact format asked for."
 
 
-@retry(exceptions=TRANSIENT_ERRORS)
-async def _ask_answer(
-    model: Model,
-    messages: list[dict],
-    choices: list[str],
-    *,
-    step: int | None,
-    temperature: float,
-    constrained: bool,
-) -> Choice:
-    completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(step),
-        messages=messages,
-        max_tokens=64 if constrained else 512,
-        temperature=temperature,
-        logprobs=True,
-        extra_body={"structured_outputs": {"choice": choices}} if constrained else None,
-    )
-    return completion.choices[0]
-
-
 async def rollout(
     model: Model,
     scenario: int,
@@ -427,13 +404,15 @@ async def rollout(
     """
     puzzle = generate_puzzle(scenario, difficulty)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": puzzle.prompt()}]
-    choice = await _ask_answer(
+    choice = await ask_choice(
         model,
         messages,
         puzzle.answer_choices(),
         step=step,
         temperature=temperature,
         constrained=constrained,
+        max_tokens=64,
+        free_max_tokens=512,
     )
     score = puzzle.score(choice.message.content)
     traj = Trajectory(

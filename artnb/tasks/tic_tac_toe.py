@@ -15,12 +15,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from openai.types.chat.chat_completion import Choice
-
-from ..core.gather import retry
 from ..core.model import Model
 from ..core.trajectory import Trajectory
-from .replies import TRANSIENT_ERRORS
+from .replies import ask_choice, parse_word
 
 CELLS = [f"{r}{c}" for r in "ABC" for c in "123"]
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
@@ -65,23 +62,7 @@ class Outcome:
 
 def parse_cell(text: str | None) -> str | None:
     """The cell a reply names ("b2." -> "B2"), or None when it names none."""
-    word = (text or "").strip().strip(".!\"'`*").strip().upper()
-    return word if word in CELLS else None
-
-
-@retry(exceptions=TRANSIENT_ERRORS)
-async def _ask_move(
-    model: Model, messages: list[dict], *, step: int | None, temperature: float, constrained: bool
-) -> Choice:
-    completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(step),
-        messages=messages,
-        max_tokens=4 if constrained else 16,
-        temperature=temperature,
-        logprobs=True,
-        extra_body={"structured_outputs": {"choice": CELLS}} if constrained else None,
-    )
-    return completion.choices[0]
+    return parse_word(text, CELLS)
 
 
 async def rollout(
@@ -111,8 +92,15 @@ async def rollout(
             board.cells[rng.choice(board.empty())] = opponent
         else:
             traj.messages_and_choices.append({"role": "user", "content": board.render()})
-            choice = await _ask_move(
-                model, traj.messages(), step=step, temperature=temperature, constrained=constrained
+            choice = await ask_choice(
+                model,
+                traj.messages(),
+                CELLS,
+                step=step,
+                temperature=temperature,
+                constrained=constrained,
+                max_tokens=4,
+                free_max_tokens=16,
             )
             traj.messages_and_choices.append(choice)
             moves += 1

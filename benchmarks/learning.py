@@ -1,0 +1,100 @@
+"""Does training help? Train on a task for N steps, then play the same evaluation games with the base model and
+the trained model, and print both with their ratio. Also prints seconds per RL step (rollouts, training),
+which is how the engines are compared on a whole loop (`--engine vllm` against `--engine hf`).
+
+Baseline: the base model (the same engine, no adapter) on the same evaluation scenarios, played greedily.
+
+    python benchmarks/learning.py --task tic_tac_toe --steps 12
+    python benchmarks/learning.py --task 2048 --steps 8 --engine hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # runs from a checkout without `pip install -e .`
+import artnb as art  # noqa: E402
+from artnb.tasks import game_2048, tic_tac_toe  # noqa: E402
+
+TASKS = {
+    "tic_tac_toe": (tic_tac_toe.rollout, ["reward", "win", "legal_move_rate"]),
+    "2048": (
+        functools.partial(game_2048.rollout, win_tile=32, max_moves=40),
+        ["reward", "win", "max_tile", "valid_move_rate"],
+    ),
+}
+
+
+async def run(args: argparse.Namespace) -> None:
+    rollout, metrics = TASKS[args.task]
+    settings = art.tutorial.Settings(
+        quick=False,
+        path=args.path,
+        steps=args.steps,
+        groups_per_step=args.groups,
+        group_size=args.group_size,
+        eval_scenarios=args.eval_games,
+    )
+    model = art.TrainableModel(name=f"{args.task}-bench", project="learning", base_model=settings.base_model)
+    async with settings.backend(engine=args.engine) as backend:
+        t0 = time.monotonic()
+        await model.register(backend)
+        engine = type(backend._served[model.name].engine).__name__
+        print(f"registered on {engine} in {time.monotonic() - t0:.0f}s", flush=True)
+        times = []
+        for step in range(settings.steps):
+            t0 = time.monotonic()
+            groups = await art.gather_trajectory_groups(
+                art.TrajectoryGroup(rollout(model, s) for _ in range(settings.group_size))
+                for s in settings.scenarios(step)
+            )
+            t1 = time.monotonic()
+            await model.train(groups, config=settings.train_config())
+            times.append((t1 - t0, time.monotonic() - t1))
+            mean = statistics.fmean(t.reward for g in groups for t in g)
+            print(
+                f"step {step}: reward {mean:.3f}  rollouts {times[-1][0]:.1f}s  train {times[-1][1]:.1f}s",
+                flush=True,
+            )
+        table = await art.evaluate(
+            rollout,
+            {"base": model.as_base_model(), "trained": model},
+            settings.evaluation_scenarios(),
+            temperature=0,
+        )
+    summary = art.summarize_evaluation(table, metrics)
+    print(
+        f"\n{args.task}: {settings.steps} steps x {settings.groups_per_step} groups x {settings.group_size} "
+        f"games, lr {settings.learning_rate}, engine {engine}; evaluation: {settings.eval_scenarios} games each"
+    )
+    print(f"{'metric':<16} {'base (baseline)':>16} {'trained':>10} {'ratio':>7}")
+    for m in metrics:
+        base, trained = summary.loc["base", (m, "mean")], summary.loc["trained", (m, "mean")]
+        print(f"{m:<16} {base:>16.3f} {trained:>10.3f} {trained / base if base else float('nan'):>7.2f}")
+    print(
+        f"seconds per step: rollouts {statistics.fmean(t[0] for t in times):.1f}, "
+        f"training {statistics.fmean(t[1] for t in times):.1f}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="tic_tac_toe")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--groups", type=int, default=2, help="scenarios per step")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--eval-games", type=int, default=32)
+    parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
+    parser.add_argument("--path", default="/tmp/artnb-learning")
+    args = parser.parse_args()
+    shutil.rmtree(args.path, ignore_errors=True)  # always from the base model
+    asyncio.run(run(args))
