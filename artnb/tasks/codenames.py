@@ -375,7 +375,9 @@ async def play(
             {"role": "user", "content": notes[team] + game.spymaster_view(team)},
         ]
         schema = clue_schema(game.board) if constrained else None
-        choice = await _ask(model, messages, schema, max_tokens=24 if constrained else 64, **ask)
+        choice = await _ask(
+            model, messages, schema, max_tokens=64, **ask
+        )  # room for a weak model spelling JSON piecewise
         spymaster.add_turn([*messages, choice])
         clue = parse_clue(choice.message.content)
         problem = (
@@ -398,7 +400,7 @@ async def play(
             {"role": "user", "content": game.operative_view(word, count)},
         ]
         schema = guess_schema(game, count) if constrained else None
-        choice = await _ask(model, messages, schema, max_tokens=96 if constrained else 128, **ask)
+        choice = await _ask(model, messages, schema, max_tokens=160, **ask)
         operative.add_turn([*messages, choice])
         words = parse_guesses(choice.message.content)
         made, problem = game.guesses(words, count) if words is not None else ([], "not JSON {guesses: [...]}")
