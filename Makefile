@@ -30,7 +30,7 @@ demo: install
 	$(VENV)/bin/artnb demo $(ARGS)
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check artnb tests benchmarks

@@ -39,7 +39,7 @@ class Settings:
     quick: bool = True  # False: enough steps and games to see learning (a GPU, or an hour of CPU)
     low_memory: bool = field(default_factory=_low_memory_from_env)  # Binder: ~2 GB of RAM
     path: str = "./.art"  # the run directory; a rerun resumes from its newest checkpoint
-    steps: int | None = None  # RL steps; None: 2 quick, 30 otherwise
+    steps: int | None = None  # RL steps; None: 1 quick, 30 otherwise
     groups_per_step: int | None = None  # scenarios per step; None: 2 quick, 4 otherwise
     group_size: int | None = None  # rollouts per scenario (GRPO compares these); None: 4 quick, 8 otherwise
     eval_scenarios: int | None = None  # evaluation games per model; None: 4 quick, 32 otherwise
@@ -47,7 +47,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         quick = self.quick
-        self.steps = self.steps if self.steps is not None else (2 if quick else 30)
+        self.steps = self.steps if self.steps is not None else (1 if quick else 30)
         self.groups_per_step = self.groups_per_step or (2 if quick else 4)
         self.group_size = self.group_size or (4 if quick else 8)
         self.eval_scenarios = self.eval_scenarios or (4 if quick else 32)

@@ -8,7 +8,7 @@ import artnb as art
 def test_quick_defaults_on_the_embedded_model(monkeypatch):
     monkeypatch.delenv("ARTNB_LOW_MEMORY", raising=False)
     s = art.tutorial.Settings()
-    assert (s.steps, s.groups_per_step, s.group_size, s.eval_scenarios) == (2, 2, 4, 4)
+    assert (s.steps, s.groups_per_step, s.group_size, s.eval_scenarios) == (1, 2, 4, 4)
     assert s.learning_rate == 1e-3 and not s.low_memory
     assert s.scenarios(0) == [0, 1] and s.scenarios(3) == [6, 7]
     assert not set(s.evaluation_scenarios()) & {x for step in range(100) for x in s.scenarios(step)}

@@ -319,7 +319,9 @@ async def test_adapters_load_resolve_latest_and_evict(engine, client, adapters):
 
 async def test_hold_waits_for_in_flight_and_queues_new_requests(engine, client, adapters):
     await engine.load_adapter("policy@1", str(adapters[0]))
-    in_flight = [asyncio.create_task(chat(client, model="policy", max_tokens=60)) for _ in range(4)]
+    # min_tokens: long enough that a loaded machine's slow stats polling still catches them running
+    long = {"max_tokens": 400, "extra_body": {"min_tokens": 400}}
+    in_flight = [asyncio.create_task(chat(client, model="policy", **long)) for _ in range(4)]
     while (await engine.stats())["running"] == 0:
         assert not all(task.done() for task in in_flight), "the batch ended before hold could catch it"
         await asyncio.sleep(0.01)

@@ -126,9 +126,19 @@ class EngineProcess:
                 self._signal_group(signal.SIGKILL)
                 self._proc.wait()
         self._signal_group(signal.SIGKILL)  # helpers the server started, if any outlived it
+        deadline = time.monotonic() + 10  # a killed process takes a moment to go (longer on a loaded machine)
+        while self._group_exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if self._log:
             self._log.close()
             self._log = None
+
+    def _group_exists(self) -> bool:
+        try:
+            os.killpg(self._proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     def _signal_group(self, sig: int) -> None:
         try:
