@@ -11,36 +11,15 @@ the untrained base model and a RewardPlot read from disk, each saved as docs/<pa
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
-import pytest
+from browser import chromium_page, needs_chromium, open_notebook, run_cell, shoot
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-REPO = Path(__file__).resolve().parents[2]
 DOCS = os.environ.get("ARTNB_DOCS_SCREENSHOTS")
 
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(),
-    reason=f"no Chromium at {CHROMIUM}: `apt-get install chromium` (make test's setup does it) to run the browser test",
-)
+pytestmark = needs_chromium
 
 SETUP = """\
 import artnb as art
@@ -67,12 +46,6 @@ DOCS_CELLS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_notebook(root: Path) -> Path:
     base_model = "art.models.DEFAULT" if DOCS else "art.models.tiny()"
     cells = [
@@ -87,120 +60,16 @@ def write_notebook(root: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 with a token, its config and state kept in tmp_path."""
-    root = tmp_path / "root"
-    root.mkdir()
-    # No "get Jupyter news?" prompt over the panels (the server has no outside network anyway).
-    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port, token = free_port(), secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "IPYTHONDIR": str(tmp_path / "ipython"),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-    }
-    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 (closed below)
-    server = subprocess.Popen(
-        [
-            sys.executable, "-m", "jupyterlab", "--no-browser",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            f"--LabApp.user_settings_dir={tmp_path / 'settings'}", f"--LabApp.workspaces_dir={tmp_path / 'ws'}",
-            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",
-            "--ServerApp.terminals_enabled=False",
-            *(["--allow-root"] if os.geteuid() == 0 else []),
-        ],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            log.close()
-            pytest.fail("JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()[-3000:])
-        time.sleep(0.5)
-    try:
-        yield {"root": root, "base": base, "token": token, "tmp": tmp_path}
-    finally:
-        _shutdown_kernels(base, token)
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-
-
-def _shutdown_kernels(base: str, token: str) -> None:
-    """Shut kernels down politely, so their inference engines stop with them."""
-    try:
-        with urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=5) as r:
-            kernels = json.load(r)
-        for k in kernels:
-            req = urllib.request.Request(f"{base}/api/kernels/{k['id']}?token={token}", method="DELETE")
-            urllib.request.urlopen(req, timeout=20).close()
-    except OSError:
-        pass
-
-
-def run_cell(page, index: int) -> None:
-    page.evaluate(
-        """async (i) => {
-            const panel = window.jupyterapp.shell.currentWidget;
-            panel.content.activeCellIndex = i;
-            await window.jupyterapp.commands.execute('notebook:run-cell');
-        }""",
-        index,
-    )
-
-
-def shoot(page, locator, path: Path, max_height: int = 1500) -> None:
-    """Screenshot an output, scrolled to the top of the notebook view and cut at `max_height` pixels."""
-    locator.evaluate("e => e.scrollIntoView({block: 'start'})")
-    page.wait_for_timeout(300)
-    box = locator.bounding_box()
-    bottom = page.viewport_size["height"] - 30  # above the status bar
-    height = min(box["height"], max_height, bottom - box["y"])
-    page.screenshot(
-        path=str(path), clip={"x": box["x"], "y": box["y"], "width": box["width"], "height": height}
-    )
-
-
 def test_train_step_in_jupyterlab(lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     write_notebook(lab["root"])
     shots = Path(DOCS).resolve() if DOCS else lab["tmp"] / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
     wait_ms = 900_000 if DOCS else int(os.environ.get("ARTNB_BROWSER_WAIT_S", "150")) * 1000
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1600 if DOCS else 1000})
+    with chromium_page({"width": 1400, "height": 1600 if DOCS else 1000}) as page:
         try:
-            page.goto(f"{lab['base']}/lab/tree/panels.ipynb?token={lab['token']}")
-            page.wait_for_function(
-                "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel",
-                timeout=60_000,
-            )
-            page.wait_for_function(
-                "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                timeout=60_000,
-            )
-            page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+            open_notebook(page, lab, "panels.ipynb")
             run_cell(page, 0)
             run_cell(page, 1)
             panel = page.locator(".artnb-training-panel")
@@ -229,8 +98,6 @@ def test_train_step_in_jupyterlab(lab):
             page.screenshot(path=str(lab["tmp"] / "failure.png"), full_page=True)
             print(f"screenshot of the failure: {lab['tmp'] / 'failure.png'}")
             raise
-        finally:
-            browser.close()
 
 
 def _docs_screenshots(page, shots: Path, wait_ms: int) -> None:
