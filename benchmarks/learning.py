@@ -27,15 +27,14 @@ from artnb.tasks import game_2048, tic_tac_toe  # noqa: E402
 
 TASKS = {
     "tic_tac_toe": (tic_tac_toe.rollout, ["reward", "win", "legal_move_rate"]),
-    "2048": (
-        functools.partial(game_2048.rollout, win_tile=32, max_moves=40),
-        ["reward", "win", "max_tile", "valid_move_rate"],
-    ),
+    "2048": (game_2048.rollout, ["reward", "win", "max_tile", "valid_move_rate"]),
 }
 
 
 async def run(args: argparse.Namespace) -> None:
     rollout, metrics = TASKS[args.task]
+    if args.task == "2048":  # short games: every move is a training sequence
+        rollout = functools.partial(rollout, win_tile=args.win_tile, max_moves=args.max_moves)
     settings = art.tutorial.Settings(
         quick=False,
         path=args.path,
@@ -95,6 +94,8 @@ if __name__ == "__main__":
     parser.add_argument("--eval-games", type=int, default=32)
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
     parser.add_argument("--path", default="/tmp/artnb-learning")
+    parser.add_argument("--win-tile", type=int, default=32, help="2048 only")
+    parser.add_argument("--max-moves", type=int, default=40, help="2048 only")
     args = parser.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)  # always from the base model
     asyncio.run(run(args))
