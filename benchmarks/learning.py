@@ -47,7 +47,7 @@ async def run(args: argparse.Namespace) -> None:
     async with settings.backend(engine=args.engine) as backend:
         t0 = time.monotonic()
         await model.register(backend)
-        engine = type(backend._served[model.name].engine).__name__
+        engine = type(backend.engine_of(model)).__name__
         print(f"registered on {engine} in {time.monotonic() - t0:.0f}s", flush=True)
         times = []
         for step in range(settings.steps):

@@ -1,8 +1,15 @@
 """LocalBackend: serve and train on this machine, one inference engine and one trainer per registered model.
 
-It owns the step accounting (the step is the newest complete checkpoint on disk, so a killed run resumes where
-it stopped), the train lock (a second `train` waits for the first), holding inference while the trainer runs
-(requests wait, then run on the new adapter), and restarting an engine that died.
+What it guarantees, and how:
+- One writer per run directory: `register` takes the run's OS file lock (`RunStore.lock`) and keeps it until
+  `close`. A second kernel gets an error naming the holder; a second backend in the same kernel takes over
+  (the old one's engine is stopped), since re-running a notebook's register cell is normal.
+- A training step is a transaction (train_step.py): the checkpoint, the history row and the rollouts commit
+  together, a failed step leaves memory and disk at the last checkpoint, and a cancelled `train()` either stops
+  before training or commits first.
+- Models are keyed by (project, name); inference is held while the trainer runs (requests wait, then run on the
+  new adapter); an engine that died is restarted by the next request or step, and an engine that lags behind
+  the newest committed step loads it before the next request.
 """
 
 from __future__ import annotations
@@ -11,8 +18,8 @@ import asyncio
 import inspect
 import logging
 import statistics
-import time
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +28,16 @@ from typing import Any, Literal
 import httpx
 
 from ..core.config import TrainConfig, TrainerConfig
-from ..core.model import TrainableModel, TrainResult, summarize_groups
-from ..core.store import RunStore
+from ..core.model import TrainableModel, TrainResult
+from ..core.store import RunLock, RunStore
 from ..core.trajectory import TrajectoryGroup
 from ..models import resolve_base_model
+from .train_step import TrainStep
 
 log = logging.getLogger("artnb")
+
+# Run directories this process trains, and the backend that holds each one's lock (for same-kernel takeover).
+_WRITERS: dict[Path, weakref.ReferenceType[LocalBackend]] = {}
 
 
 class EngineDiedError(RuntimeError):
@@ -40,10 +51,13 @@ class _Served:
     model: TrainableModel
     base_path: str
     store: RunStore
+    run_lock: RunLock
     engine: Any
     trainer: Any
     tokenizer: Any
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    step: int  # the newest committed step (this process is the run's only writer)
+    serving_step: int | None = None  # the step whose adapter the engine serves as the plain name
+    step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -81,7 +95,7 @@ class LocalBackend:
         self.engine = engine  # what was asked for; each registered model's engine says what runs
         self.trainer_config = trainer_config or TrainerConfig()
         self.engine_options = dict(engine_options or {})
-        self._served: dict[str, _Served] = {}
+        self._served: dict[tuple[str, str], _Served] = {}
         # All trainer work runs on one thread: glibc gives each thread its own malloc arena, and a trainer
         # hopping across the default pool's threads kept a multi-GB arena per thread (measured: OOM at 19 GB).
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="artnb-trainer")
@@ -96,44 +110,92 @@ class LocalBackend:
         await self.close()
 
     async def close(self) -> None:
-        """Stop every engine this backend started."""
-        for served in self._served.values():
-            await served.engine.stop()
-        self._served.clear()
+        """Stop every engine this backend started and release its run directories (after any running step)."""
+        for key in list(self._served):
+            await self._unregister(key)
+
+    async def _unregister(self, key: tuple[str, str]) -> None:
+        served = self._served.get(key)
+        if served is None:
+            return
+        async with served.step_lock:
+            self._served.pop(key, None)
+            try:
+                await served.engine.stop()
+            finally:
+                served.run_lock.release()
+                if _WRITERS.get(served.store.dir, lambda: None)() in (None, self):
+                    _WRITERS.pop(served.store.dir, None)
 
     # registration ----------------------------------------------------------------------------------
     async def register(self, model: TrainableModel) -> None:
-        served = self._served.get(model.name)
-        if served is not None and served.base_path == resolve_base_model(model.base_model):
+        """Serve `model` (engine start, checkpoint resume) and become its run directory's one writer."""
+        key = (model.project, model.name)
+        served = self._served.get(key)
+        base_path = await asyncio.to_thread(resolve_base_model, model.base_model)
+        if served is not None:
+            if served.base_path != base_path:
+                raise ValueError(
+                    f"model {model.project}/{model.name} is already registered on this backend with base model "
+                    f"{served.model.base_model!r}; a run keeps its base model. Use another name for "
+                    f"{model.base_model!r}, or `await backend.close()` first"
+                )
             served.model = model
             await self.ensure_engine(model)
             self._point_model_at_engine(model, served)
             return
-        base_path = await asyncio.to_thread(resolve_base_model, model.base_model)
         store = RunStore(self.path, model.project, model.name)
-        store.clean_partial_checkpoints()
-        store.dir.mkdir(parents=True, exist_ok=True)
-        (store.dir / "model.json").write_text(model.model_dump_json(indent=1))
-        trainer_task = asyncio.create_task(self._on_trainer_thread(self._make_trainer, base_path, model))
+        await self._take_over_from_another_backend(store)
+        run_lock = store.lock()
+        _WRITERS[store.dir] = weakref.ref(self)
         engine = None
+        trainer_task = None
         try:
+            report = await asyncio.to_thread(store.recover)
+            if report:
+                warnings.warn(
+                    f"artnb: {store.dir} was left mid-step by a process that stopped: "
+                    + "; ".join(report)
+                    + ".",
+                    stacklevel=3,
+                )
+            store.write_model_info(model.model_dump(mode="json", exclude={"inference_api_key"}))
+            trainer_task = asyncio.ensure_future(
+                self._on_trainer_thread(self._make_trainer, base_path, model)
+            )
             engine = await self._start_engine(base_path, model, store)
             trainer, tokenizer = await trainer_task
+            step = store.latest_step()
+            if step is None:
+                step = 0
+                await self._on_trainer_thread(store.write_checkpoint, 0, trainer.save_checkpoint)
+            else:
+                await self._on_trainer_thread(trainer.load_checkpoint, store.checkpoint_path(step))
+            served = _Served(model, base_path, store, run_lock, engine, trainer, tokenizer, step)
+            await engine.load_adapter(model.get_inference_name(step), str(store.checkpoint_path(step)))
+            served.serving_step = step
         except BaseException:
-            trainer_task.cancel()
+            if trainer_task is not None:
+                trainer_task.cancel()
             if engine is not None:
                 await engine.stop()
+            run_lock.release()
+            _WRITERS.pop(store.dir, None)
             raise
-        step = store.latest_step()
-        if step is None:
-            step = 0
-            await self._on_trainer_thread(store.write_checkpoint, 0, trainer.save_checkpoint)
-        else:
-            await self._on_trainer_thread(trainer.load_checkpoint, store.checkpoint_path(step))
-        served = _Served(model, base_path, store, engine, trainer, tokenizer)
-        self._served[model.name] = served
-        await engine.load_adapter(model.get_inference_name(step), str(store.checkpoint_path(step)))
+        self._served[key] = served
         self._point_model_at_engine(model, served)
+
+    async def _take_over_from_another_backend(self, store: RunStore) -> None:
+        ref = _WRITERS.get(store.dir)
+        other = ref() if ref is not None else None
+        if other is None or other is self:
+            return
+        warnings.warn(
+            f"artnb: {store.project}/{store.name} was registered on another LocalBackend in this kernel; that "
+            "backend's engine for it is stopped and this backend takes over (one writer per run directory).",
+            stacklevel=4,
+        )
+        await other._unregister((store.project, store.name))
 
     async def _engine_kind(self) -> str:
         if self.engine != "auto":
@@ -189,12 +251,21 @@ class LocalBackend:
         model.inference_model_name = model.name
 
     def _get(self, model: TrainableModel) -> _Served:
-        served = self._served.get(model.name)
+        served = self._served.get((model.project, model.name))
         if served is None:
             raise RuntimeError(
-                f"model {model.name!r} is not registered: call `await model.register(backend)` first"
+                f"model {model.project}/{model.name} is not registered on this backend: call "
+                "`await model.register(backend)` first"
             )
         return served
+
+    def engine_of(self, model: TrainableModel) -> Any:
+        """The inference engine serving `model` (an HFEngine or VLLMEngine)."""
+        return self._get(model).engine
+
+    def trainer_of(self, model: TrainableModel) -> Any:
+        """The trainer that trains `model`'s adapter (a PeftTrainer)."""
+        return self._get(model).trainer
 
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`: restarts a dead engine before the next request."""
@@ -203,28 +274,34 @@ class LocalBackend:
         )
 
     async def ensure_engine(self, model: TrainableModel) -> None:
-        """Restart the model's engine if its process died, and load the latest adapter into it."""
+        """Restart the model's engine if its process died, and make it serve the newest committed step."""
         served = self._get(model)
         async with served.restart_lock:
-            if served.engine.alive():
-                return
-            code = served.engine.returncode
-            log.warning(
-                "artnb: the inference engine for %r exited (code %s); restarting it. Its log: %s",
-                model.name,
-                code,
-                served.store.logs,
-            )
-            await served.engine.stop()
-            served.engine = await self._start_engine(served.base_path, model, served.store)
-            step = self.get_step(model)
-            await served.engine.load_adapter(
-                model.get_inference_name(step), str(served.store.checkpoint_path(step))
-            )
-            self._point_model_at_engine(served.model, served)
+            if not served.engine.alive():
+                log.warning(
+                    "artnb: the inference engine for %r exited (code %s); restarting it. Its log: %s",
+                    model.name,
+                    served.engine.returncode,
+                    served.store.logs,
+                )
+                await served.engine.stop()
+                served.engine = await self._start_engine(served.base_path, model, served.store)
+                served.serving_step = None
+                self._point_model_at_engine(served.model, served)
+            if served.serving_step != served.step:
+                await served.engine.load_adapter(
+                    model.get_inference_name(served.step), str(served.store.checkpoint_path(served.step))
+                )
+                served.serving_step = served.step
+
+    def _engine_current(self, served: _Served) -> bool:
+        return served.engine.alive() and served.serving_step == served.step
 
     # training --------------------------------------------------------------------------------------
     def get_step(self, model: TrainableModel) -> int:
+        served = self._served.get((model.project, model.name))
+        if served is not None:
+            return served.step
         step = RunStore(self.path, model.project, model.name).latest_step()
         return 0 if step is None else step
 
@@ -234,97 +311,56 @@ class LocalBackend:
         trajectory_groups: Any,
         *,
         config: TrainConfig | None = None,
-        log_to_history: bool = True,
         **options: Any,
     ) -> TrainResult:
         """One GRPO step. Keywords override `config` fields, e.g. `backend.train(model, groups, learning_rate=1e-4)`.
 
-        Rollouts are written to trajectories/train/ before training starts, so a failure loses nothing.
-        A batch with nothing to learn from (all rewards equal within every group) still advances the step,
-        with a warning that says why.
+        The step's rollouts, history row and checkpoint are committed together; a failure before the commit
+        changes nothing (retrying the same batch writes it once), a failure after it does not undo it.
+        A batch with nothing to learn from raises NothingToTrainError (see TrainConfig.on_nothing_to_train);
+        one whose groups all have equal rewards advances the step without an update, as ART does.
         """
-        from ..core.tokenize import tokenize_groups
-
         config = _merge_config(config, options)
         served = self._get(model)
-        groups = [g for g in trajectory_groups]
+        groups = list(trajectory_groups)
         if not all(isinstance(g, TrajectoryGroup) for g in groups):
             raise TypeError(
                 "train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first"
             )
-        async with served.lock:
-            started = time.monotonic()
-            step = self.get_step(model)
-            max_len = config.max_seq_length or served.trainer.max_seq_length
-            batch = await asyncio.to_thread(
-                tokenize_groups,
-                served.tokenizer,
-                groups,
-                scale_rewards=config.scale_rewards,
-                allow_training_without_logprobs=config.allow_training_without_logprobs,
-                max_seq_length=max_len,
-            )
-            if log_to_history:
-                await asyncio.to_thread(served.store.write_trajectories, "train", step, groups)
-            metrics: dict[str, Any] = {f"data/{k}": v for k, v in batch.metrics.items()}
-            if not batch.sequences:
-                warnings.warn(
-                    f"artnb: step {step} had nothing to train on: {batch.skipped_reason}. "
-                    f"The step still advances (checkpoint {step + 1:04d} = {step:04d}).",
-                    stacklevel=2,
-                )
-                path = await asyncio.to_thread(served.store.copy_checkpoint, step, step + 1)
-                await self.ensure_engine(model)
-                await served.engine.load_adapter(model.get_inference_name(step + 1), str(path))
-                metrics["train/skipped"] = 1
-            else:
-                await self.ensure_engine(model)
-                await served.engine.hold()
-                try:
-                    trainer_metrics = await self._on_trainer_thread(
-                        served.trainer.train, batch.sequences, config
-                    )
-                    path = await self._on_trainer_thread(
-                        served.store.write_checkpoint, step + 1, served.trainer.save_checkpoint
-                    )
-                    await served.engine.load_adapter(model.get_inference_name(step + 1), str(path))
-                finally:
-                    await served.engine.release()
-                metrics.update({f"train/{k}": v for k, v in trainer_metrics.items()})
-            metrics["time/step_train_s"] = time.monotonic() - started
-            if log_to_history:
-                row = {"step": step, "split": "train"}
-                row.update({f"train/{k}": v for k, v in summarize_groups(groups).items()})
-                row.update(metrics)
-                served.store.append_history(row)
-            return TrainResult(step=step + 1, metrics=metrics, checkpoint_path=str(path))
+        extra_row = {}
+        failures = getattr(trajectory_groups, "after_each_failures", None)  # from gather_trajectory_groups
+        if failures is not None:
+            extra_row["train/after_each_failures"] = len(failures)
+        return await TrainStep(self, served, groups, config, extra_row).run()
 
     async def delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
     ) -> list[int]:
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest. Returns deleted steps."""
-        store = RunStore(self.path, model.project, model.name)
-        steps = store.steps()
-        if not steps:
-            return []
-        keep = {steps[-1]}
-        history = store.history()
-        if best_checkpoint_metric in history.columns:
-            rows = history[["step", best_checkpoint_metric]].dropna()
-            rows = rows[rows["step"].isin(steps)]
-            if len(rows):
-                means = rows.groupby("step")[best_checkpoint_metric].agg(statistics.fmean)
-                keep.add(int(means.idxmax()))
-        else:
-            warnings.warn(
-                f"no {best_checkpoint_metric!r} in the history; keeping only the latest checkpoint. "
-                f"Log it with `await model.log(groups, split='val')` to keep the best one too.",
-                stacklevel=2,
-            )
-        deleted = [s for s in steps if s not in keep]
-        for s in deleted:
-            store.delete_checkpoint(s)
-        return deleted
+        served = self._get(model)
+        async with served.step_lock:
+            store = served.store
+            steps = store.steps()
+            if not steps:
+                return []
+            keep = {steps[-1]}
+            history = store.history()
+            if best_checkpoint_metric in history.columns:
+                rows = history[["step", best_checkpoint_metric]].dropna()
+                rows = rows[rows["step"].isin(steps)]
+                if len(rows):
+                    means = rows.groupby("step")[best_checkpoint_metric].agg(statistics.fmean)
+                    keep.add(int(means.idxmax()))
+            else:
+                warnings.warn(
+                    f"no {best_checkpoint_metric!r} in the history; keeping only the latest checkpoint. "
+                    f"Log it with `await model.log(groups, split='val')` to keep the best one too.",
+                    stacklevel=2,
+                )
+            deleted = [s for s in steps if s not in keep]
+            for s in deleted:
+                store.delete_checkpoint(s)
+            return deleted
 
 
 class _EngineTransport(httpx.AsyncBaseTransport):
@@ -339,7 +375,7 @@ class _EngineTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         served = self.backend._get(self.model)
-        if not served.engine.alive():
+        if not self.backend._engine_current(served):
             await self.backend.ensure_engine(self.model)
         # A restarted engine has a new port and key; a client made before the restart still reaches it.
         port = httpx.URL(served.engine.base_url).port

@@ -66,6 +66,13 @@ class TrainConfig(_Strict):
         ge=16,
         description="drop longer sequences (counted in metrics); None = the model's context length",
     )
+    on_nothing_to_train: Literal["raise", "skip"] = Field(
+        "raise",
+        description="a batch with no trajectories, or whose sequences are all over max_seq_length: 'raise' "
+        "NothingToTrainError (the step does not advance, nothing is written); 'skip' records a skipped step "
+        "in the history, still without a new checkpoint. Groups with equal rewards are not 'nothing': their "
+        "step advances without an update",
+    )
 
     @field_validator("learning_rate")
     @classmethod

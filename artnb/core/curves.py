@@ -115,7 +115,7 @@ _cache: dict[Path, tuple[tuple[int, int], pd.DataFrame]] = {}
 
 def trajectory_values(store: RunStore, split: str) -> pd.DataFrame:
     """Reward and metrics of every logged trajectory of a split: columns step, group_index, reward, <metrics>."""
-    folder = store.dir / "trajectories" / split
+    folder = store.trajectories_dir(split)
     frames = []
     for path in sorted(folder.glob("[0-9]*.parquet")) if folder.is_dir() else []:
         stat = path.stat()

@@ -3,6 +3,12 @@
 `gather_trajectory_groups` awaits every group at once, shows one tqdm.auto bar over all trajectories with
 running means of reward and metrics, keeps failed rollouts in `group.exceptions` up to `max_exceptions`, and
 passes each finished group through `after_each` (where RULER scoring plugs in). `retry` wraps a flaky call.
+
+Why `after_each` failures are handled per group: `after_each` usually calls a remote judge, which fails now and
+then (rate limits, a restart). One such failure must not cancel the other groups' rollouts and throw away every
+finished group, so by default (`after_each_errors="drop"`) the group is left out, the failure is logged, shown
+on the bar and listed in the result's `after_each_failures`, and the rest go on. "keep" returns the group as it
+was before `after_each`, marked with `metrics["after_each_error"] = 1`; "raise" stops the whole gather.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from .trajectory import ExceptionRecord, PendingGroup, Trajectory, TrajectoryGroup
@@ -23,10 +30,30 @@ from .trajectory import ExceptionRecord, PendingGroup, Trajectory, TrajectoryGro
 log = logging.getLogger("artnb")
 T = TypeVar("T")
 AfterEach = Callable[[TrajectoryGroup], Any]
+AfterEachErrors = Literal["drop", "keep", "raise"]
+AFTER_EACH_ERROR_METRIC = "after_each_error"  # group.metrics key of a group kept unprocessed ("keep")
+_ON_FAILURE = {"drop": "leaving it out", "keep": "keeping it as it was", "raise": "stopping the gather"}
 
 
 class TooManyExceptions(RuntimeError):
     """More rollouts failed than `max_exceptions` allows; the first failure is chained as the cause."""
+
+
+class AfterEachFailure(BaseModel):
+    """`after_each` raised on the group at `group_index`, its position among the groups given to the gather."""
+
+    group_index: int
+    error: ExceptionRecord
+
+
+class GatheredGroups(list[TrajectoryGroup]):
+    """The finished groups as a plain list, plus `after_each_failures`: the groups `after_each` failed on."""
+
+    def __init__(
+        self, groups: Iterable[TrajectoryGroup] = (), after_each_failures: Iterable[AfterEachFailure] = ()
+    ) -> None:
+        super().__init__(groups)
+        self.after_each_failures = list(after_each_failures)
 
 
 class _Progress:
@@ -39,6 +66,7 @@ class _Progress:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.exceptions = 0
+        self.after_each_failures = 0
 
     def allowed_exceptions(self) -> int:
         m = self.max_exceptions
@@ -63,10 +91,16 @@ class _Progress:
                 f"the first failure follows. Raise max_exceptions (a count or a fraction) to tolerate failures."
             ) from exc
 
+    def add_after_each_failure(self) -> None:
+        self.after_each_failures += 1
+        self._refresh(advance=0)
+
     def _refresh(self, advance: int = 1) -> None:
         postfix = {k: f"{self.sums[k] / self.counts[k]:.3g}" for k in self.sums}
         if self.exceptions:
             postfix["exceptions"] = str(self.exceptions)
+        if self.after_each_failures:
+            postfix["after_each_errors"] = str(self.after_each_failures)
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(advance)
 
@@ -121,12 +155,8 @@ async def run_group(pending: PendingGroup) -> TrajectoryGroup:
     return TrajectoryGroup(results, **pending.group_kwargs)
 
 
-async def _apply_after_each(group: TrajectoryGroup, after_each: AfterEach | None) -> list[TrajectoryGroup]:
-    if after_each is None:
-        return [group]
-    out = after_each(group)
-    if inspect.isawaitable(out):
-        out = await out
+def _as_groups(out: Any) -> list[TrajectoryGroup]:
+    """What `after_each` returned, as a list of groups."""
     if out is None:
         return []
     if isinstance(out, TrajectoryGroup):
@@ -138,13 +168,38 @@ async def _apply_after_each(group: TrajectoryGroup, after_each: AfterEach | None
     )
 
 
+def _after_each_failed(
+    index: int, group: TrajectoryGroup, error: Exception, policy: AfterEachErrors
+) -> list[TrajectoryGroup]:
+    """Log the failure; the groups to return for `group` under `policy` (the caller raises for "raise")."""
+    metadata = repr(group.metadata)
+    log.warning(
+        "after_each failed on group %d (metadata %s); %s: %s: %s",
+        index,
+        metadata if len(metadata) <= 200 else metadata[:200] + "...",
+        _ON_FAILURE[policy],
+        type(error).__name__,
+        error,
+    )
+    if policy != "keep":
+        return []
+    kept = group.model_copy(
+        update={
+            "metrics": {**group.metrics, AFTER_EACH_ERROR_METRIC: 1},
+            "logs": [*group.logs, f"after_each failed: {type(error).__name__}: {error}"],
+        }
+    )
+    return [kept]
+
+
 async def gather_trajectory_groups(
     groups: Iterable[PendingGroup | TrajectoryGroup | Awaitable[TrajectoryGroup]],
     *,
     pbar_desc: str = "gather",
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
-) -> list[TrajectoryGroup]:
+    after_each_errors: AfterEachErrors = "drop",
+) -> GatheredGroups:
     """Run all groups concurrently under one progress bar and return the finished groups in input order.
 
     Example:
@@ -155,13 +210,23 @@ async def gather_trajectory_groups(
     max_exceptions: failed rollouts tolerated, as a count or a fraction (0-1) of all rollouts; beyond it the
         gather stops, cancels the rest and raises `TooManyExceptions` from the first failure.
     after_each: called with each finished group; may return a group, None (drop it) or a list of groups.
+    after_each_errors: what an exception raised by `after_each` does to its group. "drop" (default): the group
+        is left out. "keep": the group is returned as it was before `after_each` (e.g. unscored), with
+        `metrics["after_each_error"] = 1` and the error in its `logs`. Either way the other groups go on, and the
+        failure is logged, counted on the bar and listed in the result's `after_each_failures`.
+        "raise": the exception cancels the gather and propagates (the finished groups are lost).
+
+    Returns a `GatheredGroups`: a list of groups with `.after_each_failures` (group index and error of each).
     """
+    if after_each_errors not in _ON_FAILURE:
+        raise ValueError(f"after_each_errors must be 'drop', 'keep' or 'raise', got {after_each_errors!r}")
     items = list(groups)
     total = sum(len(g) if isinstance(g, (PendingGroup, TrajectoryGroup)) else 1 for g in items)
     progress = _Progress(total, pbar_desc, max_exceptions)
+    failures: list[AfterEachFailure] = []
     token = _progress.set(progress)
 
-    async def finish(item: Any) -> list[TrajectoryGroup]:
+    async def finish(index: int, item: Any) -> list[TrajectoryGroup]:
         if isinstance(item, TrajectoryGroup):
             for t in item.trajectories:
                 progress.add_trajectory(t)
@@ -172,14 +237,28 @@ async def gather_trajectory_groups(
                 raise TypeError(
                     f"gather_trajectory_groups got {type(group).__name__}; pass art.TrajectoryGroup(...)"
                 )
-        return await _apply_after_each(group, after_each)
+        if after_each is None:
+            return [group]
+        try:
+            out = after_each(group)
+            if inspect.isawaitable(out):
+                out = await out
+        except Exception as error:
+            failures.append(AfterEachFailure(group_index=index, error=ExceptionRecord.of(error)))
+            progress.add_after_each_failure()
+            kept = _after_each_failed(index, group, error, after_each_errors)
+            if after_each_errors == "raise":
+                raise
+            return kept
+        return _as_groups(out)
 
     try:
-        nested = await _all_or_cancel(finish(item) for item in items)
+        nested = await _all_or_cancel(finish(i, item) for i, item in enumerate(items))
     finally:
         _progress.reset(token)
         progress.close()
-    return [g for gs in nested for g in gs]
+    failures.sort(key=lambda f: f.group_index)
+    return GatheredGroups((g for gs in nested for g in gs), failures)
 
 
 async def gather_trajectories(
@@ -269,7 +348,10 @@ def _note_retry(fn, exc, attempt, max_attempts, on_retry) -> None:
 
 
 __all__ = [
+    "AFTER_EACH_ERROR_METRIC",
+    "AfterEachFailure",
     "ExceptionRecord",
+    "GatheredGroups",
     "TooManyExceptions",
     "gather_trajectories",
     "gather_trajectory_groups",

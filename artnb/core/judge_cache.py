@@ -2,29 +2,18 @@
 
 One JSON file per answer, named by the SHA-256 of everything that decides it (judge, its settings, the exact
 prompt and the answer schema), written atomically so a killed kernel never leaves a half-written entry.
-Unreadable entries count as misses. The location is `cache_dir`, else `$ARTNB_CACHE_DIR/<name>`, else
-`$XDG_CACHE_HOME/artnb/<name>` (`~/.cache/artnb/<name>`); delete the folder to forget every answer.
+Unreadable entries count as misses. The location is `cache_dir`, else the "ruler" folder of artnb's cache
+(cache.py: `$ARTNB_CACHE_DIR/ruler` or `~/.cache/artnb/ruler`); delete the folder to forget every answer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-CACHE_ENV = "ARTNB_CACHE_DIR"
-
-
-def default_cache_dir(name: str) -> Path:
-    """Where artnb keeps cache `name` unless told otherwise."""
-    root = os.environ.get(CACHE_ENV)
-    if root:
-        return Path(root).expanduser() / name
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg).expanduser() / "artnb" / name
+from .atomic import write_atomic
 
 
 class JudgeCache:
@@ -50,13 +39,4 @@ class JudgeCache:
             return None
 
     def put(self, key: str, value: Any) -> None:
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"value": value}, f, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path(key), json.dumps({"value": value}, ensure_ascii=False))

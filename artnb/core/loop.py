@@ -4,8 +4,8 @@
 - Each phase is an `async` method; nothing blocks the event loop (rollouts are HTTP calls, training runs on
   the backend's trainer thread), so a notebook kernel stays responsive while a step runs.
 - Gathered groups wait in `pending` until trained. Stop is honoured between phases, never inside one, so a
-  stopped run loses nothing: pending groups stay for the next Train step, and trained rollouts are already on
-  disk (`backend.train` writes them before training).
+  stopped run loses nothing: pending groups stay for the next Train step, and trained rollouts are on disk
+  (`backend.train` commits them with the step's checkpoint).
 - Progress is reported as events to listeners (`loop.on(fn)`): phase changes, rollouts finished, scoring
   progress, seconds spent training against the previous step's duration, groups gathered, steps trained.
 """

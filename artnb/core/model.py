@@ -14,20 +14,27 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from .config import LoRAConfig, TrainConfig
-from .store import RunStore
+from .store import RunStore, check_name
 from .trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 
+class NothingToTrainError(ValueError):
+    """The batch has nothing a step could learn from; the step did not advance and nothing was written."""
+
+
 class TrainResult(BaseModel):
     step: int  # the new step (its checkpoint is being served)
     metrics: dict[str, Any] = Field(default_factory=dict)
     checkpoint_path: str | None = None
+    skipped: str | None = (
+        None  # why the step made no update (equal rewards, or nothing to train on), if it did not
+    )
 
 
 class Model(BaseModel):
@@ -37,12 +44,17 @@ class Model(BaseModel):
     name: str
     project: str = "default"
     inference_base_url: str | None = None
-    inference_api_key: str | None = None
+    inference_api_key: str | None = Field(None, repr=False)  # never in reprs, logs or model.json
     inference_model_name: str | None = None
     base_path: str = "./.art"
     trainable: bool = False
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
+
+    @field_validator("name", "project")
+    @classmethod
+    def _safe_folder_name(cls, value: str, info: Any) -> str:
+        return check_name(value, info.field_name)
 
     def openai_client(self) -> AsyncOpenAI:
         """An AsyncOpenAI client for this model's endpoint (created once, recreated if the endpoint changes)."""
@@ -140,9 +152,14 @@ class TrainableModel(Model):
 
     async def register(self, backend: Any) -> None:
         """Start serving this model on `backend` (engine start, checkpoint resume); fills the inference_* fields."""
+        previous = (self._backend, self.base_path)
         self._backend = backend
         self.base_path = str(backend.path)
-        await backend.register(self)
+        try:
+            await backend.register(self)
+        except BaseException:
+            self._backend, self.base_path = previous
+            raise
 
     def _require_backend(self):
         if self._backend is None:
@@ -218,7 +235,8 @@ def _as_groups(trajectories: Any) -> list[TrajectoryGroup]:
 
 
 def summarize_groups(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-    """Mean reward, mean within-group reward std, exception rate and the mean of every trajectory metric."""
+    """Mean reward, mean within-group reward std, exception rate, the mean of every trajectory metric and of
+    every group metric (`group_<name>`)."""
     trajs = [t for g in groups for t in g.trajectories]
     n_exc = sum(len(g.exceptions) for g in groups)
     out: dict[str, float] = {}
@@ -237,6 +255,12 @@ def summarize_groups(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
             vals = [v for v in vals if math.isfinite(v)]
             if vals:
                 out[k] = statistics.fmean(vals)
+    # group-level metrics, as group_<name> (ART's way)
+    for k in sorted({k for g in groups for k in g.metrics}):
+        vals = [float(g.metrics[k]) for g in groups if k in g.metrics]
+        vals = [v for v in vals if math.isfinite(v)]
+        if vals:
+            out[f"group_{k}"] = statistics.fmean(vals)
     return out
 
 

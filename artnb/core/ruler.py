@@ -19,6 +19,9 @@ Design choices:
   a cell costs nothing. `cache=False` turns it off. The endpoint URL is not part of the key (a local engine
   gets a new port each start); an `art.TrainableModel` judge is called at its current step (`name@step`),
   so a judge that trained since is a new key.
+- Every judge request has limits of ours (`JudgeLimits`: a time bound, retries with backoff honouring
+  Retry-After, a fast failure on a bad request), so one stuck judge cannot stall a training step; see
+  judge_requests.py.
 - `ruler_score_group` never mutates its input: it returns a new group whose reward is the judge's score (or
   `combine(independent_reward, ruler_score)`), with both numbers kept in `metrics`, the explanation in
   `metadata["ruler_explanation"]` and in `logs`.
@@ -37,7 +40,9 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ValidationError
 
-from .judge_cache import JudgeCache, default_cache_dir
+from .cache import cache_dir as artnb_cache_dir
+from .judge_cache import JudgeCache
+from .judge_requests import JudgeLimits, RulerError, fold_litellm_limits, request_judge
 from .model import Model
 from .trajectory import Message, TrajectoryGroup, choice_to_message
 
@@ -66,7 +71,7 @@ _MANY = "Compare the attempts with each other: the scores are used relative to o
 _ONE = "There is a single attempt: score it on its own merits against the goal."
 
 EXPLANATION_MAX_CHARS = 240  # bounds what a schema-constrained judge writes per trajectory
-_NOT_IN_KEY = {"api_key", "api_base", "base_url", "timeout", "num_retries", "max_retries", "extra_headers"}
+_NOT_IN_KEY = {"api_key", "api_base", "base_url", "extra_headers"}  # limits never reach the key either
 
 
 class TrajectoryScore(BaseModel):
@@ -89,10 +94,6 @@ class _LenientResponse(BaseModel):
     scores: list[_LenientScore]
 
 
-class RulerError(ValueError):
-    """The judge's answer could not be used, even after it was shown what was wrong."""
-
-
 class _Unusable(ValueError):
     pass
 
@@ -107,6 +108,7 @@ async def ruler(
     cache: bool = True,
     cache_dir: str | Path | None = None,
     debug: bool = False,
+    limits: JudgeLimits = JudgeLimits(),  # noqa: B008 (frozen, so one shared default is safe)
 ) -> list[TrajectoryScore]:
     """Score conversations that attempt the same task, relative to each other, with an LLM judge.
 
@@ -116,11 +118,21 @@ async def ruler(
         scores = await art.ruler([t.messages() for t in group], "openai/o4-mini")
 
     judge_model: a litellm model string, or an `art.Model` / `art.TrainableModel` (its endpoint is used).
-    extra_litellm_params: more `litellm.acompletion` arguments (api_base, temperature, timeout, num_retries...).
+    extra_litellm_params: more `litellm.acompletion` arguments (api_base, api_key, temperature...). Its
+        `timeout` (seconds) replaces `limits.timeout_s`, and its `num_retries` (else `max_retries`) = n sets
+        `limits.max_attempts` to n + 1, as code written for litellm expects; setting the same thing in both
+        places is a ValueError. litellm itself always gets `num_retries=0, max_retries=0`.
     tools: tool definitions the agent had, shown to the judge.
     cache / cache_dir: reuse answers stored on disk (see judge_cache.py); `cache=False` always asks the judge.
-    debug: print the judge's replies.
+    debug: print the judge's replies (retries are logged as warnings either way).
+    limits: time limit per request, retries and backoff (`JudgeLimits`). A reply that is unusable (broken JSON,
+        missing or unknown ids...) is not a failed attempt: it earns one more request showing the judge the
+        problem, with the attempts that remain (at least one), so at most `max_attempts + 1` requests are sent.
+
+    Raises `JudgeRequestError` when the judge cannot be reached or refuses the request, `RulerError` when its
+    second reply is still unusable.
     """
+    limits, extra_litellm_params = fold_litellm_limits(limits, extra_litellm_params)
     lists = [[_plain(m) for m in messages] for messages in message_lists]
     if not lists:
         return []
@@ -135,7 +147,7 @@ async def ruler(
     ]
     response_format: Any = _schema_for(ids) if constrained else RulerResponse
     schema = response_format if constrained else RulerResponse.model_json_schema()
-    store = JudgeCache(cache_dir or default_cache_dir("ruler")) if cache else None
+    store = JudgeCache(cache_dir or artnb_cache_dir("ruler")) if cache else None
     key = JudgeCache.key({"judge": identity, "messages": messages, "schema": schema})
     by_id: dict[str, TrajectoryScore] | None = None
     if store is not None and (cached := store.get(key)) is not None:
@@ -146,7 +158,7 @@ async def ruler(
         except _Unusable:
             by_id = None
     if by_id is None:
-        by_id = await _ask_judge(params, messages, response_format, ids, debug)
+        by_id = await _ask_judge(params, messages, response_format, ids, limits, debug)
         if store is not None:
             store.put(key, [by_id[i].model_dump() for i in ids])
     return [
@@ -168,6 +180,7 @@ async def ruler_score_group(
     debug: bool = False,
     cache: bool = True,
     cache_dir: str | Path | None = None,
+    limits: JudgeLimits = JudgeLimits(),  # noqa: B008 (frozen, so one shared default is safe)
 ) -> TrajectoryGroup | None:
     """A copy of `group` whose rewards are the judge's relative scores; the input group is left as it was.
 
@@ -175,14 +188,16 @@ async def ruler_score_group(
     was scored before) and the judge's score in `metrics["ruler_score"]`; its reward becomes the score, or
     `combine(independent_reward, ruler_score)`. The explanation goes to `metadata["ruler_explanation"]` and logs.
 
-    Example, scoring every group as it finishes and dropping groups the judge failed on:
+    Example, scoring every group as it finishes; a group the judge fails on (after the retries `limits`
+    allows) is left out, counted in `groups.after_each_failures`, and the other groups are kept:
         groups = await art.gather_trajectory_groups(
             (art.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios),
-            after_each=lambda g: art.ruler_score_group(g, "openai/o4-mini", swallow_exceptions=True),
+            after_each=lambda g: art.ruler_score_group(g, "openai/o4-mini"),
         )
 
     combine: e.g. `lambda independent, ruler: ruler + 0.5 * independent` to keep part of the rollout's reward.
-    swallow_exceptions: on any error, log a warning and return None (gather then drops the group).
+    swallow_exceptions: on any error, log a warning and return None (gather then drops the group, uncounted).
+    limits: time limit per judge request, retries and backoff; see `JudgeLimits` and `ruler`.
     Other arguments as in `ruler`.
     """
     try:
@@ -205,6 +220,7 @@ async def ruler_score_group(
             cache=cache,
             cache_dir=cache_dir,
             debug=debug,
+            limits=limits,
         )
     except Exception as error:
         if not swallow_exceptions:
@@ -283,23 +299,19 @@ async def _ask_judge(
     messages: list[dict[str, Any]],
     response_format: Any,
     ids: list[str],
+    limits: JudgeLimits,
     debug: bool,
 ) -> dict[str, TrajectoryScore]:
-    """One call, and one more with the problem shown if the reply is unusable."""
-    import litellm
-
+    """The judge's scores; an unusable reply is shown to the judge once, with the attempts that remain."""
     messages = list(messages)
-    for attempt in (1, 2):
-        response = await litellm.acompletion(
-            messages=messages, response_format=response_format, caching=False, **params
-        )
-        content = response.choices[0].message.content or ""
+    content, sent = await request_judge(params, messages, response_format, limits, limits.max_attempts)
+    for corrected in (False, True):
         if debug:
-            print(f"[RULER] judge {params['model']} reply (attempt {attempt}):\n{content}")
+            print(f"[RULER] judge {params['model']} reply (request {sent}):\n{content}")
         try:
             return _parse(content, ids)
         except _Unusable as problem:
-            if attempt == 2:
+            if corrected:
                 raise RulerError(
                     f"the judge {params['model']} gave unusable scores twice ({problem}). Use a judge that "
                     "follows response_format (an art.Model on our engines or vLLM enforces it), score smaller "
@@ -313,6 +325,9 @@ async def _ask_judge(
                     f"entry for each trajectory id ({', '.join(ids)}), each id once, every score from 0 to 1.",
                 },
             ]
+            remaining = max(1, limits.max_attempts - sent + 1)
+            content, more = await request_judge(params, messages, response_format, limits, remaining, sent)
+            sent += more
     raise AssertionError("unreachable")
 
 

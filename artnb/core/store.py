@@ -1,47 +1,146 @@
-"""The run directory on disk: checkpoints, metric history, logged trajectories and user state.
+"""The run directory: the one place that knows its layout, how each file in it is written, and who may write.
 
 Layout under `{path}/{project}/models/{name}/`:
-    checkpoints/{step:04d}/        LoRA adapter (+ optimizer.pt), written to a temp dir and renamed into place
-    history.jsonl                  one row per logged split and step: {"step", "split", "recorded_at", "{split}/metric"}
+    model.json                       the model's settings at its last register (never its API key)
+    .lock                            held (an OS file lock) by the one process that trains the run; names it
+    checkpoints/{step:04d}/          a committed step: LoRA adapter, optimizer.pt, commit.json
+    checkpoints/{step:04d}/rollouts.parquet   present until that step's rollouts and history row are published
+    checkpoints/.{step:04d}-*/       a step being written; still there on open means it was never committed
+    history.jsonl                    one row per logged split and step: {"step", "split", "recorded_at", ...}
     trajectories/{split}/{step:04d}.parquet
-    state.json                     the user's own state (e.g. position in a dataset)
-    logs/                          engine logs
-The step is the newest *complete* checkpoint, so a process killed mid-write resumes from the last good one.
+    state.json                       the user's own state (e.g. position in a dataset)
+    logs/                            engine logs
+
+Why a training step is a transaction: a step makes three things (the new checkpoint, the history row that
+says what happened, the rollouts it trained on) and a crash between any two of them used to leave a step with
+no history, or rollouts counted twice. So `commit_step` writes all three into the checkpoint's temp directory
+and renames it into place: that rename is the commit. Only then are the rollouts and the row published to
+`trajectories/train/` and `history.jsonl`; a crash during publication is finished by `recover()` on the next
+open (roll forward), and a step whose rename never happened leaves only a temp directory, removed there (roll
+back). The step is the newest committed checkpoint, so `range(await model.get_step(), N)` resumes exactly.
+
+Every file is written through `atomic.py` (temp file, fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
+import uuid
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from .atomic import append_line, publish_dir, write_atomic
 from .trajectory import Trajectory, TrajectoryGroup
 
+log = logging.getLogger("artnb")
+
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+COMMIT_FILE = "commit.json"
+PENDING_ROLLOUTS = "rollouts.parquet"  # in a checkpoint until its rollouts and history row are published
+_NAME = re.compile(r"^\w[\w.\- ]{0,127}$")
+
+
+class RunInUseError(RuntimeError):
+    """Another process (or another backend in this one) is training this run directory."""
+
+
+def check_name(value: str, what: str = "name") -> str:
+    """`value` if it is a safe single path component for a project or model name; else a ValueError with the rule."""
+    if not isinstance(value, str) or not _NAME.match(value) or value.endswith((" ", ".")) or "@" in value:
+        raise ValueError(
+            f"{what}={value!r} is not allowed: it names a folder of the run directory, so it must be 1-128 "
+            "letters, digits, '_', '-', '.' or spaces, start with a letter, digit or '_', not end with '.' "
+            "or a space, and contain no '/', '\\' or '@' ('@' separates a model from its step in "
+            f"'name@step'). For example {_suggest(value)!r}"
+        )
+    return value
+
+
+def _suggest(value: Any) -> str:
+    text = re.sub(r"[^\w.\- ]+", "-", str(value)).strip(" .-") or "agent-001"
+    return text[:128]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What a committed training step recorded: its history row and the checkpoint it made."""
+
+    id: str
+    step: int  # the step whose policy produced the rollouts (the history row's step)
+    checkpoint: int  # the new checkpoint, step + 1 (or step for a checkpoint copied forward)
+    history: dict[str, Any]
 
 
 class RunStore:
-    """Reads and writes one model's run directory. Cheap to create; every method goes to disk."""
+    """Reads and writes one model's run directory. Cheap to create; every method goes to disk.
+
+    Anyone may read (history, trajectories, checkpoints); `lock()` makes this process the run's one writer.
+    """
 
     def __init__(self, path: str | Path, project: str, name: str) -> None:
-        self.dir = Path(path).expanduser().resolve() / project / "models" / name
+        check_name(project, "project")
+        check_name(name, "name")
+        self.root = Path(path).expanduser().resolve()
+        self.project, self.name = project, name
+        self.dir = self.root / project / "models" / name
         self.checkpoints = self.dir / "checkpoints"
         self.logs = self.dir / "logs"
 
-    # checkpoints ---------------------------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, run_dir: str | Path) -> RunStore:
+        """The store of an existing run directory `{path}/{project}/models/{name}`."""
+        d = Path(run_dir).expanduser().resolve()
+        if d.parent.name != "models":
+            raise ValueError(
+                f"{d} is not a model's run directory; pass the folder that holds history.jsonl, "
+                "i.e. {path}/{project}/models/{name}"
+            )
+        return cls(d.parent.parent.parent, d.parent.parent.name, d.name)
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.dir)!r})"
+
+    # the writer lock -------------------------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.dir / ".lock"
+
+    def lock(self) -> RunLock:
+        """Become the run's one writer until `release()` (or this process ends); RunInUseError if taken."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return RunLock(self.lock_path)
+
+    def holder(self) -> dict[str, Any] | None:
+        """Who holds (or last held) the writer lock: pid, host, since; None if never locked."""
+        try:
+            return json.loads(self.lock_path.read_text() or "null")
+        except (OSError, ValueError):
+            return None
+
+    # model settings --------------------------------------------------------------------------------
+    def write_model_info(self, info: dict[str, Any]) -> None:
+        write_atomic(self.dir / "model.json", json.dumps(info, indent=1, default=str))
+
+    # checkpoints -----------------------------------------------------------------------------------
     def checkpoint_path(self, step: int) -> Path:
         return self.checkpoints / f"{step:04d}"
 
     def steps(self) -> list[int]:
-        """Steps with a complete checkpoint, ascending."""
+        """Steps with a committed checkpoint, ascending."""
         if not self.checkpoints.is_dir():
             return []
         out = []
@@ -55,36 +154,121 @@ class RunStore:
         return steps[-1] if steps else None
 
     def write_checkpoint(self, step: int, write: Callable[[Path], None]) -> Path:
-        """Call `write(tmp_dir)` then rename tmp_dir to checkpoints/{step:04d}; a crash leaves no partial step."""
+        """Call `write(tmp_dir)`, then move tmp_dir to checkpoints/{step:04d} in one durable rename.
+
+        A crash leaves a temp directory (removed by `recover`), never a partial step. An existing step is never
+        replaced: FileExistsError, since another writer must have made it.
+        """
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         final = self.checkpoint_path(step)
+        if final.exists() and all((final / f).is_file() for f in ADAPTER_FILES):
+            raise FileExistsError(
+                f"checkpoint {final} already exists; a run directory has one writer (see RunStore.lock)"
+            )
         tmp = Path(tempfile.mkdtemp(dir=self.checkpoints, prefix=f".{step:04d}-"))
         try:
             write(tmp)
             missing = [f for f in ADAPTER_FILES if not (tmp / f).is_file()]
             if missing:
                 raise RuntimeError(f"checkpoint writer did not produce {missing}")
-            if final.exists():  # an incomplete leftover from a killed run
+            if final.exists():  # an incomplete directory from an older artnb that wrote in place
                 shutil.rmtree(final)
-            os.replace(tmp, final)
+            log.debug("checkpoint %s written; renaming", final, extra={"artnb_phase": "rename"})
+            publish_dir(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return final
 
-    def copy_checkpoint(self, src_step: int, dst_step: int) -> Path:
-        src = self.checkpoint_path(src_step)
-        return self.write_checkpoint(dst_step, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+    def commit_step(
+        self,
+        step: int,
+        write: Callable[[Path], None] | None,
+        history_row: dict[str, Any],
+        groups: Iterable[TrajectoryGroup],
+    ) -> Commit:
+        """Commit a training step: checkpoint step+1 (written by `write`, or a copy of checkpoint `step` when
+        `write` is None), with the history row and the rollouts inside it, in one rename. `publish` then writes
+        the row and rollouts where readers look; until it has, `publish_pending` (or `recover`) will.
+        """
+        commit = Commit(uuid.uuid4().hex, step, step + 1, _clean_row({**history_row, "step": step}))
+        rollouts = _rollout_frame(groups)
+        source = self.checkpoint_path(step)
+
+        def write_all(tmp: Path) -> None:
+            if write is None:
+                for f in source.iterdir():
+                    if f.is_file() and f.name not in (COMMIT_FILE, PENDING_ROLLOUTS):
+                        shutil.copy2(f, tmp / f.name)
+            else:
+                write(tmp)
+            rollouts.to_parquet(tmp / PENDING_ROLLOUTS, index=False)
+            record = {"commit": commit.id, "step": step, "history": {**commit.history, "commit": commit.id}}
+            (tmp / COMMIT_FILE).write_text(json.dumps(record, default=str))
+
+        self.write_checkpoint(step + 1, write_all)
+        return commit
+
+    def read_commit(self, checkpoint: int) -> Commit | None:
+        """The commit record of a checkpoint (None for checkpoint 0 and for checkpoints older artnb wrote)."""
+        try:
+            record = json.loads((self.checkpoint_path(checkpoint) / COMMIT_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return Commit(record["commit"], int(record["step"]), checkpoint, record["history"])
+
+    def publish(self, checkpoint: int) -> bool:
+        """Write a committed step's rollouts and history row where readers look, once. True if it did anything."""
+        pending = self.checkpoint_path(checkpoint) / PENDING_ROLLOUTS
+        commit = self.read_commit(checkpoint)
+        if commit is None or not pending.is_file():
+            return False
+        write_atomic(self.trajectories_path("train", commit.step), pending.read_bytes())
+        if not self._history_has_commit(commit.id):
+            append_line(self.history_path, json.dumps(commit.history, default=str))
+        pending.unlink()
+        return True
+
+    def _history_has_commit(self, commit_id: str) -> bool:
+        if not self.history_path.exists():
+            return False
+        return any(row.get("commit") == commit_id for row in self._history_rows(warn=False))
+
+    def recover(self) -> list[str]:
+        """Finish or undo what a process killed mid-step left, as the writer (under `lock()`).
+
+        Removes checkpoint temp directories (steps never committed) and publishes committed steps whose
+        rollouts or history row are missing. Returns one sentence per thing done (empty when all was well).
+        """
+        done = []
+        if self.checkpoints.is_dir():
+            for p in sorted(self.checkpoints.iterdir()):
+                if p.name.startswith("."):
+                    shutil.rmtree(p, ignore_errors=True)
+                    step = p.name[1:5]
+                    done.append(
+                        f"removed checkpoint {step}, which was being written when its process stopped "
+                        "(that step was never committed, so it is trained again)"
+                    )
+        for p in self.dir.rglob(".*.tmp") if self.dir.is_dir() else []:
+            p.unlink(missing_ok=True)  # a file write_atomic never renamed: the old file is intact
+        for checkpoint in self.publish_pending():
+            step = checkpoint - 1
+            done.append(
+                f"published step {step}'s history row and rollouts from checkpoint {checkpoint}, which was "
+                "committed just before its process stopped"
+            )
+        return done
+
+    def publish_pending(self) -> list[int]:
+        """Publish every committed step whose rollouts and history row are not published yet; their checkpoints."""
+        if not self.checkpoints.is_dir():
+            return []
+        pending = sorted(int(p.parent.name) for p in self.checkpoints.glob(f"[0-9]*/{PENDING_ROLLOUTS}"))
+        return [c for c in pending if self.publish(c)]
 
     def delete_checkpoint(self, step: int) -> None:
         shutil.rmtree(self.checkpoint_path(step), ignore_errors=True)
-
-    def clean_partial_checkpoints(self) -> None:
-        """Remove temp dirs left by a process killed while writing a checkpoint."""
-        if self.checkpoints.is_dir():
-            for p in self.checkpoints.iterdir():
-                if p.name.startswith("."):
-                    shutil.rmtree(p, ignore_errors=True)
 
     # history ---------------------------------------------------------------------------------------
     @property
@@ -92,76 +276,58 @@ class RunStore:
         return self.dir / "history.jsonl"
 
     def append_history(self, row: dict[str, Any]) -> None:
-        clean = {k: v for k, v in row.items() if not (isinstance(v, float) and not math.isfinite(v))}
-        clean.setdefault("recorded_at", time.time())
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.history_path, "a") as f:
-            f.write(json.dumps(clean, default=str) + "\n")
+        """Append one row (non-finite numbers are left out: JSON has no NaN)."""
+        append_line(self.history_path, json.dumps(_clean_row(row), default=str))
 
     def history(self) -> pd.DataFrame:
-        """All history rows as a DataFrame (empty if nothing was logged)."""
-        if not self.history_path.exists():
-            return pd.DataFrame(columns=["step", "split"])
-        rows = [json.loads(line) for line in self.history_path.read_text().splitlines() if line.strip()]
+        """All history rows as a DataFrame (empty if nothing was logged). Damaged lines are skipped with a warning."""
+        rows = self._history_rows(warn=True)
         return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["step", "split"])
 
+    def _history_rows(self, warn: bool) -> list[dict[str, Any]]:
+        if not self.history_path.exists():
+            return []
+        rows = []
+        text = self.history_path.read_bytes().decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict) or "step" not in row or "split" not in row:
+                    raise ValueError("not a history row")
+            except ValueError:
+                if warn:
+                    warnings.warn(
+                        f"artnb: {self.history_path} line {number} is damaged (a write cut short by a crash?) "
+                        f"and was skipped: {line[:80]!r}. The other rows are intact.",
+                        stacklevel=3,
+                    )
+                continue
+            rows.append(row)
+        return rows
+
     # trajectories ----------------------------------------------------------------------------------
+    def trajectories_dir(self, split: str) -> Path:
+        return self.dir / "trajectories" / split
+
     def trajectories_path(self, split: str, step: int) -> Path:
-        return self.dir / "trajectories" / split / f"{step:04d}.parquet"
+        return self.trajectories_dir(split) / f"{step:04d}.parquet"
 
     def write_trajectories(self, split: str, step: int, groups: Iterable[TrajectoryGroup]) -> Path:
-        """Append the groups to trajectories/{split}/{step:04d}.parquet (atomically replaced)."""
-        rows = []
-        for gi, group in enumerate(groups):
-            for ti, t in enumerate(group.trajectories):
-                rec = t.for_logging()
-                rows.append(
-                    {
-                        "group_index": gi,
-                        "trajectory_index": ti,
-                        "reward": float(t.reward),
-                        "metrics": json.dumps(rec["metrics"], default=str),
-                        "metadata": json.dumps(rec["metadata"], default=str),
-                        "logs": rec["logs"],
-                        "tools": json.dumps(rec["tools"], default=str),
-                        "messages": json.dumps(rec["messages"], default=str, ensure_ascii=False),
-                        "group_metadata": json.dumps(group.metadata, default=str),
-                        "group_exceptions": json.dumps([e.model_dump() for e in group.exceptions]),
-                    }
-                )
+        """Add the groups to trajectories/{split}/{step:04d}.parquet (the file is replaced atomically)."""
+        df = _rollout_frame(groups)
         path = self.trajectories_path(split, step)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        df = pd.DataFrame(rows)
         if path.exists():
             old = pd.read_parquet(path)
             if len(old):
                 df["group_index"] += int(old["group_index"].max()) + 1
             df = pd.concat([old, df], ignore_index=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-        return path
+        return write_atomic(path, _parquet_bytes(df))
 
     def read_trajectories(self, split: str, step: int) -> list[TrajectoryGroup]:
         """Groups logged for a split and step, rebuilt as TrajectoryGroups of plain message dicts."""
-        df = pd.read_parquet(self.trajectories_path(split, step))
-        groups = []
-        for _, rows in df.groupby("group_index", sort=True):
-            trajs = []
-            for r in rows.itertuples():
-                messages = json.loads(r.messages)
-                trajs.append(
-                    Trajectory(
-                        messages_and_choices=messages,
-                        reward=r.reward,
-                        metrics=json.loads(r.metrics),
-                        metadata=json.loads(r.metadata),
-                        logs=list(r.logs),
-                        tools=json.loads(r.tools),
-                    )
-                )
-            groups.append(TrajectoryGroup(trajs, metadata=json.loads(rows.iloc[0]["group_metadata"])))
-        return groups
+        return read_rollouts(self.trajectories_path(split, step))
 
     # user state ------------------------------------------------------------------------------------
     @property
@@ -172,7 +338,112 @@ class RunStore:
         return json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
 
     def write_state(self, state: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(".state.json.tmp")
-        tmp.write_text(json.dumps(state, indent=1, default=str))
-        os.replace(tmp, self.state_path)
+        write_atomic(self.state_path, json.dumps(state, indent=1, default=str))
+
+
+class RunLock:
+    """An exclusive OS lock (`flock`) on a run's `.lock` file: one writer per run directory.
+
+    The OS drops it when the process ends, however it ends (kill -9 included), so a stale lock cannot block a
+    run. The file names the holder (pid, host, since) for the error a second writer gets.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunInUseError(_in_use_message(path)) from None
+        self._fd: int | None = fd
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        os.fsync(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _in_use_message(path: Path) -> str:
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    pid, host, since = holder.get("pid"), holder.get("host"), holder.get("since")
+    who = f"process {pid} on {host}" if pid else "another process"
+    if pid == os.getpid() and host == socket.gethostname():
+        who = f"this process ({pid}): another LocalBackend in this kernel"
+    return (
+        f"the run directory {path.parent} is being trained by {who}"
+        + (f" since {since}" if since else "")
+        + ". A run has one writer at a time: close that backend (`await backend.close()`) or stop that "
+        "kernel, then register again; or give this model another name. Reading it (model.history(), "
+        "art.widgets.RewardPlot(run_dir)) works meanwhile."
+    )
+
+
+def _clean_row(row: dict[str, Any]) -> dict[str, Any]:
+    clean = {k: v for k, v in row.items() if not (isinstance(v, float) and not math.isfinite(v))}
+    clean.setdefault("recorded_at", time.time())
+    return clean
+
+
+def _rollout_frame(groups: Iterable[TrajectoryGroup]) -> pd.DataFrame:
+    rows = []
+    for gi, group in enumerate(groups):
+        for ti, t in enumerate(group.trajectories):
+            rec = t.for_logging()
+            rows.append(
+                {
+                    "group_index": gi,
+                    "trajectory_index": ti,
+                    "reward": float(t.reward),
+                    "metrics": json.dumps(rec["metrics"], default=str),
+                    "metadata": json.dumps(rec["metadata"], default=str),
+                    "logs": rec["logs"],
+                    "tools": json.dumps(rec["tools"], default=str),
+                    "messages": json.dumps(rec["messages"], default=str, ensure_ascii=False),
+                    "group_metadata": json.dumps(group.metadata, default=str),
+                    "group_exceptions": json.dumps([e.model_dump() for e in group.exceptions]),
+                }
+            )
+    return pd.DataFrame(rows, columns=_ROLLOUT_COLUMNS)
+
+
+_ROLLOUT_COLUMNS = [
+    "group_index", "trajectory_index", "reward", "metrics", "metadata", "logs", "tools", "messages",
+    "group_metadata", "group_exceptions",
+]  # fmt: skip
+
+
+def _parquet_bytes(df: pd.DataFrame) -> bytes:
+    return df.to_parquet(index=False)
+
+
+def read_rollouts(path: str | Path) -> list[TrajectoryGroup]:
+    """Groups from a rollouts parquet file (as `write_trajectories` writes them)."""
+    df = pd.read_parquet(path)
+    groups = []
+    for _, rows in df.groupby("group_index", sort=True):
+        trajs = [
+            Trajectory(
+                messages_and_choices=json.loads(r.messages),
+                reward=r.reward,
+                metrics=json.loads(r.metrics),
+                metadata=json.loads(r.metadata),
+                logs=list(r.logs),
+                tools=json.loads(r.tools),
+            )
+            for r in rows.itertuples()
+        ]
+        groups.append(TrajectoryGroup(trajs, metadata=json.loads(rows.iloc[0]["group_metadata"])))
+    return groups

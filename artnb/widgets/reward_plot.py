@@ -29,13 +29,7 @@ def as_store(source: Model | RunStore | str | Path) -> RunStore:
     if isinstance(source, Model):
         return source.store
     if isinstance(source, (str, Path)):
-        d = Path(source).expanduser().resolve()
-        if d.parent.name != "models":
-            raise ValueError(
-                f"{d} is not a model's run directory; pass the folder that holds history.jsonl, "
-                "i.e. {path}/{project}/models/{name}"
-            )
-        return RunStore(d.parent.parent.parent, d.parent.parent.name, d.name)
+        return RunStore.from_dir(source)
     raise TypeError(
         f"RewardPlot takes a model, a RunStore, a run directory or a history DataFrame, got {type(source).__name__}"
     )

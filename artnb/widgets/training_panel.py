@@ -169,11 +169,8 @@ class TrainingPanel(widgets.VBox):
             self.plot.refresh()
             metrics = event.result.metrics if event.result else {}
             loss = metrics.get("train/loss")
-            if metrics.get("train/skipped"):
-                self.note = (
-                    f"step {event.result.step}: nothing to learn (equal rewards within every group); "
-                    "vary the scenarios or the reward"
-                )
+            if event.result is not None and event.result.skipped:
+                self.note = f"step {event.result.step}: no update ({event.result.skipped})"
             else:
                 self.note = f"trained step {event.result.step}" + (
                     f" · loss {loss:.4g}" if loss is not None else ""

@@ -74,7 +74,7 @@ async def test_inference_waits_during_training_and_gets_the_new_adapter(tmp_path
         await model.register(backend)
         groups = await gather(model, 0)
         train = asyncio.create_task(model.train(groups, learning_rate=1e-2))
-        engine = backend._served["agent"].engine
+        engine = backend.engine_of(model)
         while not (await engine.stats())["held"]:  # the trainer is running: the engine holds requests
             assert not train.done(), train
             await asyncio.sleep(0.01)
@@ -107,7 +107,7 @@ async def test_concurrent_train_calls_run_one_after_the_other(tmp_path, base):
         assert sorted(model.history()["step"]) == [0, 1]
 
 
-async def test_batch_with_nothing_to_learn_still_advances_the_step(tmp_path, base):
+async def test_equal_rewards_advance_the_step_but_nothing_at_all_does_not(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
@@ -117,8 +117,26 @@ async def test_batch_with_nothing_to_learn_still_advances_the_step(tmp_path, bas
                 t.reward = 0.5
         with pytest.warns(UserWarning, match="nothing to train on: .*equal"):
             result = await model.train(groups, learning_rate=1e-2)
-        assert result.step == 1 and result.metrics["train/skipped"] == 1
+        assert result.step == 1 and result.metrics["train/skipped"] == 1 and "equal" in result.skipped
         assert "agent@1" in [m.id for m in (await model.openai_client().models.list()).data]
+        assert len(model.store.read_trajectories("train", 0)) == 2  # the measured rollouts are kept
+
+        # no data at all is an error, and changes nothing: an empty batch, or every sequence over length
+        with pytest.raises(art.NothingToTrainError, match="empty.*did not advance"):
+            await model.train([], learning_rate=1e-2)
+        groups = await gather(model, 1)
+        groups[0].trajectories[0].reward = 1.0
+        with pytest.warns(UserWarning, match="max_seq_length"):
+            with pytest.raises(art.NothingToTrainError, match="longer than max_seq_length"):
+                await model.train(groups, learning_rate=1e-2, max_seq_length=16)
+        assert await model.get_step() == 1 and len(model.history()) == 1
+        assert model.store.steps() == [0, 1]
+
+        # unless asked: a skipped step is recorded in the history, without a checkpoint
+        result = await model.train([], learning_rate=1e-2, on_nothing_to_train="skip")
+        assert result.step == 1 and "empty" in result.skipped
+        assert model.store.steps() == [0, 1]
+        assert list(model.history()["train/skipped"]) == [1, 1]
 
 
 async def test_bad_batches_fail_before_anything_changes(tmp_path, base):
@@ -142,7 +160,7 @@ async def test_a_dead_engine_is_restarted_by_the_next_call(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
-        engine = backend._served["agent"].engine
+        engine = backend.engine_of(model)
         os.kill(engine.pid, signal.SIGKILL)
         for _ in range(100):
             if not engine.alive():
@@ -151,7 +169,7 @@ async def test_a_dead_engine_is_restarted_by_the_next_call(tmp_path, base):
         with warnings.catch_warnings():
             traj = await pick(model, seed=3)  # restarts the engine, then answers
         assert traj.messages_and_choices[-1].message.content in CHOICES
-        assert backend._served["agent"].engine.alive()
+        assert backend.engine_of(model).alive()
         groups = await gather(model, 0)
         assert (await model.train(groups, learning_rate=1e-2)).step == 1
 
@@ -168,3 +186,28 @@ async def test_reward_rises_on_a_trivially_learnable_task(tmp_path, base):
         final = await gather(model, 99)
         means.append(sum(t.reward for g in final for t in g) / 16)
     assert means[-1] >= means[0] + 0.3, means
+
+
+async def test_groups_dropped_by_after_each_are_counted_in_the_history(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+
+    async def judge(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+        if group.metadata["g"] == 1:
+            raise ConnectionError("judge unreachable")
+        for i, t in enumerate(group):
+            t.reward = float(i % 2)
+        return group
+
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        groups = await art.gather_trajectory_groups(
+            (
+                art.TrajectoryGroup((pick(model, seed=g * 10 + i) for i in range(4)), metadata={"g": g})
+                for g in range(3)
+            ),
+            after_each=judge,
+        )
+        assert len(groups) == 2 and [f.group_index for f in groups.after_each_failures] == [1]
+        await model.train(groups, learning_rate=1e-2)
+        row = model.history().iloc[0]
+        assert row["train/after_each_failures"] == 1 and row["train/num_trajectories"] == 8

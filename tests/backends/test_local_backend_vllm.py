@@ -38,7 +38,7 @@ async def test_auto_serves_on_vllm_trains_and_hot_loads(tmp_path):
     model = art.TrainableModel(name="agent", project="p", base_model=art.models.DEFAULT)
     async with art.LocalBackend(path=tmp_path, engine="auto", engine_options={"max_loras": 2}) as backend:
         await model.register(backend)
-        engine = backend._served["agent"].engine
+        engine = backend.engine_of(model)
         assert isinstance(engine, VLLMEngine) and engine.max_lora_rank == model.lora.r
         groups = await art.gather_trajectory_groups(
             art.TrajectoryGroup(pick(model, seed=g * 100 + i) for i in range(6)) for g in range(2)
@@ -75,7 +75,7 @@ async def test_auto_falls_back_to_hf_when_vllm_cannot_serve_the_model(tmp_path):
             UserWarning, match="(?s)vLLM could not serve .*head_dim.*Using the HF engine instead"
         ):
             await model.register(backend)
-        assert isinstance(backend._served["agent"].engine, HFEngine)
+        assert isinstance(backend.engine_of(model), HFEngine)
         assert (await pick(model, seed=1)).messages_and_choices[-1].message.content in CHOICES
 
 

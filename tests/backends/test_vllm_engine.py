@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -230,12 +231,28 @@ async def test_bad_inputs_before_start(engine, model_path, tmp_path):
         await VLLMEngine(str(tmp_path / "no-model"), "base", tmp_path).start()
 
 
+def announced_body_status(port: int, headers: dict[str, str]) -> int:
+    """POST a 48 MB Content-Length and no body: the status the server answers without waiting for one."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {48 * 2**20}\r\n{head}\r\n".encode()
+        )
+        return int(sock.recv(4096).split(b" ", 2)[1])
+
+
 async def test_api_key_guards_every_route_but_health(engine):
     root = engine.base_url.removesuffix("/v1")
     assert httpx.get(f"{root}/health").status_code == 200
-    for path in ("/v1/models", "/artnb/hold", "/invocations"):
+    for path in ("/v1/models", "/artnb/hold", "/invocations", "/docs", "/openapi.json"):
         assert httpx.post(f"{root}{path}").status_code == 401, path
+        assert httpx.post(f"{root}{path}", headers={"Authorization": "Bearer wrong"}).status_code == 401, path
     assert not (await engine.stats())["held"]
+    key = {"Authorization": f"Bearer {engine.api_key}"}
+    for path in ("/docs", "/redoc", "/openapi.json"):  # --disable-fastapi-docs
+        assert httpx.get(f"{root}{path}", headers=key).status_code == 404, path
+    assert announced_body_status(engine.port, {}) == 401
+    assert announced_body_status(engine.port, key) == 413  # over max_request_bytes, refused unread
 
 
 def test_server_group_exits_when_its_parent_dies(model_path, tmp_path):

@@ -3,8 +3,13 @@
 Used to test RULER through litellm exactly as it runs against a hosted judge: real sockets, real JSON, nothing
 patched. The judge reads the `<trajectory id="N">` blocks of the prompt and scores each from a `points=K`
 marker in it (score K/10), so a test knows which score belongs to which trajectory whatever order the reply
-uses. `script` holds the behaviour for the next requests (one entry per request); when it is empty the judge
-answers well. Every request body is kept in `requests`.
+uses. `script` holds the behaviour for the next requests (one entry per request); when it is empty `default`
+answers (`good` unless a test sets it). Every request body is kept in `requests`, its arrival time
+(`time.monotonic()`) in `arrivals`.
+
+Besides replies, a behaviour can return a `Reply` (any status, headers and body: a 429 with `Retry-After`, a
+503, an HTML page) or a `Stall` (never answer; or send headers and then a byte now and then, forever), so the
+judge's failure modes are tested over real sockets too.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 _TRAJECTORY = re.compile(r'<trajectory id="([^"]+)">(.*?)</trajectory>', re.DOTALL)
 _POINTS = re.compile(r"points=(\d+)")
@@ -76,47 +83,142 @@ def slow(seconds: float, then: Callable[[dict[str, Any]], Any] = good) -> Callab
     return reply
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A raw HTTP answer instead of a chat completion: a dict body is sent as JSON, a str as HTML."""
+
+    status: int
+    body: dict[str, Any] | str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """`hang`: never answer. `trickle`: send headers, then a space every 0.1 s, never finishing the body.
+    Either lasts until the client goes away or the server stops (at most `seconds`)."""
+
+    kind: Literal["hang", "trickle"]
+    seconds: float = 60.0
+
+
+def error_body(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "code": None, "param": None}}
+
+
+def rate_limited(retry_after: str | None = "1") -> Callable[[dict[str, Any]], Reply]:
+    """HTTP 429, with a `Retry-After` header unless `retry_after` is None."""
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return lambda body: Reply(429, error_body("Rate limit reached for requests", "rate_limit_error"), headers)
+
+
+def server_error(status: int = 500) -> Callable[[dict[str, Any]], Reply]:
+    return lambda body: Reply(status, error_body("the judge is overloaded", "server_error"))
+
+
+def refused(status: int = 401) -> Callable[[dict[str, Any]], Reply]:
+    """A client error: 401 a wrong key, 400 a request the server will not take."""
+    message = "Incorrect API key provided" if status == 401 else "Invalid value for 'response_format'"
+    return lambda body: Reply(status, error_body(message, "invalid_request_error"))
+
+
+def garbage(body: dict[str, Any]) -> Reply:
+    """HTTP 200 with an HTML page, as a misconfigured proxy in front of the judge sends."""
+    return Reply(200, "<html><body><h1>502 Bad Gateway</h1></body></html>")
+
+
+def hang(body: dict[str, Any]) -> Stall:
+    return Stall("hang")
+
+
+def trickle(body: dict[str, Any]) -> Stall:
+    return Stall("trickle")
+
+
+def only_for(marker: str, behaviour: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    """`behaviour` for requests whose prompt contains `marker`, `good` for the others (e.g. as `default`)."""
+
+    def reply(body: dict[str, Any]) -> Any:
+        prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        return behaviour(body) if marker in prompt else good(body)
+
+    return reply
+
+
 class FakeJudge:
     """`with FakeJudge() as judge:` serves at `judge.url` (an OpenAI base URL) until the block ends."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []
         self.script: deque[Callable[[dict[str, Any]], Any]] = deque()
+        self.default: Callable[[dict[str, Any]], Any] = good
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self._server = uvicorn.Server(
-            uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        self._closing = False
+        config = uvicorn.Config(
+            self._app(),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=1,
         )
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="fake-openai", daemon=True)
 
     def _app(self) -> FastAPI:
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> dict[str, Any]:
+        async def chat(request: Request) -> Response:
             body = await request.json()
             self.requests.append(body)
-            behaviour = self.script.popleft() if self.script else good
+            self.arrivals.append(time.monotonic())
+            behaviour = self.script.popleft() if self.script else self.default
             reply = behaviour(body)
             if asyncio.iscoroutine(reply):
                 reply = await reply
+            if isinstance(reply, Reply):
+                if isinstance(reply.body, str):
+                    return Response(reply.body, reply.status, reply.headers, media_type="text/html")
+                return JSONResponse(reply.body, reply.status, reply.headers)
+            if isinstance(reply, Stall) and reply.kind == "trickle":
+                return StreamingResponse(self._trickle(reply.seconds), media_type="application/json")
+            if isinstance(reply, Stall):
+                await self._wait_until_gone(request, reply.seconds)
+                return Response("stalled", 504)
             content = reply if isinstance(reply, str) else json.dumps({"scores": reply})
-            return {
-                "id": f"chatcmpl-fake{len(self.requests)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model", "judge"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
-            }
+            return JSONResponse(self._completion(body, content))
 
         return app
+
+    def _completion(self, body: dict[str, Any], content: str) -> dict[str, Any]:
+        return {
+            "id": f"chatcmpl-fake{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "judge"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+        }
+
+    async def _wait_until_gone(self, request: Request, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._closing and time.monotonic() < deadline and not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+
+    async def _trickle(self, seconds: float) -> AsyncIterator[bytes]:
+        """Whitespace, which JSON allows before a value; Starlette stops it when the client disconnects."""
+        deadline = time.monotonic() + seconds
+        while not self._closing and time.monotonic() < deadline:
+            yield b" "
+            await asyncio.sleep(0.1)
 
     def __enter__(self) -> FakeJudge:
         self._thread.start()
@@ -128,6 +230,7 @@ class FakeJudge:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closing = True
         self._server.should_exit = True
         self._thread.join(timeout=10)
 

@@ -54,6 +54,46 @@ async def test_after_each_can_replace_drop_or_split_groups():
     assert [g.rewards() for g in groups] == [[1, 1], [1, 1], [-2, -2]]
 
 
+def groups_whose_after_each_fails_on_the_first() -> tuple[list, object]:
+    """Three groups; after_each fails at once on group 0 while groups 1 and 2 are still running."""
+
+    async def after(g: art.TrajectoryGroup) -> art.TrajectoryGroup:
+        if g.trajectories[0].reward == 0:
+            raise RuntimeError("judge down")
+        return art.TrajectoryGroup([t.model_copy(update={"reward": 10 * t.reward}) for t in g])
+
+    groups = [
+        art.TrajectoryGroup([rollout(r, delay=0.1 * r), rollout(r)], metadata={"scenario": r})
+        for r in (0, 1, 2)
+    ]
+    return groups, after
+
+
+async def test_a_failing_after_each_drops_only_its_group_by_default(caplog):
+    groups, after = groups_whose_after_each_fails_on_the_first()
+    out = await art.gather_trajectory_groups(groups, after_each=after)
+    assert isinstance(out, list) and [g.rewards() for g in out] == [[10, 10], [20, 20]]
+    (failure,) = out.after_each_failures
+    assert failure.group_index == 0 and failure.error.type == "RuntimeError"
+    assert failure.error.message == "judge down"
+    assert "after_each failed on group 0 (metadata {'scenario': 0}); leaving it out" in caplog.text
+
+
+async def test_a_failing_after_each_can_keep_the_group_as_it_was_or_stop_the_gather():
+    groups, after = groups_whose_after_each_fails_on_the_first()
+    out = await art.gather_trajectory_groups(groups, after_each=after, after_each_errors="keep")
+    assert [g.rewards() for g in out] == [[0, 0], [10, 10], [20, 20]]
+    assert out[0].metrics == {"after_each_error": 1} and out[0].logs == [
+        "after_each failed: RuntimeError: judge down"
+    ]
+    assert out[1].metrics == {} and len(out.after_each_failures) == 1
+    groups, after = groups_whose_after_each_fails_on_the_first()
+    with pytest.raises(RuntimeError, match="judge down"):
+        await art.gather_trajectory_groups(groups, after_each=after, after_each_errors="raise")
+    with pytest.raises(ValueError, match="after_each_errors must be 'drop', 'keep' or 'raise', got 'skip'"):
+        await art.gather_trajectory_groups([], after_each=after, after_each_errors="skip")
+
+
 async def test_awaiting_a_group_alone_runs_it():
     group = await art.TrajectoryGroup(rollout(i) for i in range(3))
     assert isinstance(group, art.TrajectoryGroup) and sorted(group.rewards()) == [0, 1, 2]

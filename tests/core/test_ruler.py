@@ -25,7 +25,7 @@ from fake_openai import (
 )
 
 import artnb as art
-from artnb.core.ruler import RulerError
+from artnb import JudgeRequestError, RulerError
 from artnb.core.trajectory import ExceptionRecord
 
 SYSTEM = {"role": "system", "content": "You play a counting game. Reach 10 points."}
@@ -232,12 +232,10 @@ async def test_as_after_each_in_gather_judges_groups_concurrently(judge, fresh):
 
 
 async def test_a_judge_that_times_out_drops_the_group_when_swallowed(judge, fresh):
-    import litellm  # after artnb (imported above), which keeps litellm's import offline
-
     params, cache = fresh
     slow_params = {**params, "timeout": 0.3, "num_retries": 0, "max_retries": 0}
     judge.script.extend([slow(2), slow(2)])
-    with pytest.raises(litellm.Timeout):
+    with pytest.raises(JudgeRequestError, match="failed 1 attempt in .* no reply within 0.3 s"):
         await art.ruler([conversation(1)], "openai/judge", slow_params, cache_dir=cache)
     scored = await art.ruler_score_group(
         make_group([1, 2]), "openai/judge", slow_params, swallow_exceptions=True, cache_dir=cache

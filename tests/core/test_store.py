@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -11,18 +12,29 @@ def _adapter(tmp):
     (tmp / "adapter_model.safetensors").write_bytes(b"x")
 
 
-def test_step_is_newest_complete_checkpoint(tmp_path):
+def _group(*rewards):
+    return art.TrajectoryGroup(
+        [
+            art.Trajectory(messages_and_choices=[{"role": "user", "content": str(r)}], reward=r)
+            for r in rewards
+        ]
+    )
+
+
+def test_step_is_newest_committed_checkpoint_and_recover_removes_unfinished_ones(tmp_path):
     store = RunStore(tmp_path, "p", "m")
     assert store.latest_step() is None
     store.write_checkpoint(0, _adapter)
     store.write_checkpoint(1, _adapter)
-    # a process killed mid-write leaves a temp dir and possibly a numbered dir without the adapter files
+    # a process killed mid-write leaves a temp dir (and older artnb a numbered dir without the adapter files)
     (store.checkpoints / ".0002-abc").mkdir()
     (store.checkpoints / "0002").mkdir()
     (store.checkpoints / "0002" / "adapter_config.json").write_text("{}")
     assert store.latest_step() == 1
-    store.clean_partial_checkpoints()
+    report = store.recover()
     assert not (store.checkpoints / ".0002-abc").exists()
+    assert len(report) == 1 and "removed checkpoint 0002" in report[0] and "never committed" in report[0]
+    assert store.recover() == []  # reported once
 
 
 def test_failed_writer_leaves_nothing(tmp_path):
@@ -37,11 +49,82 @@ def test_failed_writer_leaves_nothing(tmp_path):
     assert store.steps() == [] and [p.name for p in store.checkpoints.iterdir()] == []
 
 
-def test_copy_checkpoint_advances(tmp_path):
+def test_a_committed_checkpoint_is_never_replaced(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    store.write_checkpoint(1, _adapter)
+    with pytest.raises(FileExistsError, match="one writer"):
+        store.write_checkpoint(1, _adapter)
+
+
+def test_commit_publishes_rollouts_and_row_once(tmp_path):
     store = RunStore(tmp_path, "p", "m")
     store.write_checkpoint(0, _adapter)
-    store.copy_checkpoint(0, 1)
-    assert store.steps() == [0, 1]
+    commit = store.commit_step(0, _adapter, {"split": "train", "train/reward": 0.5}, [_group(0.0, 1.0)])
+    assert store.steps() == [0, 1] and commit.checkpoint == 1
+    assert (store.checkpoint_path(1) / "rollouts.parquet").exists()  # committed, not yet published
+    assert store.history().empty
+    assert store.publish(1) is True
+    assert store.publish(1) is False  # idempotent
+    assert [t.reward for t in store.read_trajectories("train", 0)[0]] == [0.0, 1.0]
+    hist = store.history()
+    assert len(hist) == 1 and hist.iloc[0]["step"] == 0 and hist.iloc[0]["commit"] == commit.id
+    # a copy forward (equal rewards): the adapter of step 1 with its own rollouts and row
+    store.commit_step(1, None, {"split": "train"}, [_group(1.0, 1.0)])
+    assert store.publish_pending() == [2]
+    assert (store.checkpoint_path(2) / "adapter_model.safetensors").read_bytes() == b"x"
+    assert list(store.history()["step"]) == [0, 1]
+
+
+def test_recover_publishes_a_commit_whose_publication_was_cut_short(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    store.write_checkpoint(0, _adapter)
+    store.commit_step(0, _adapter, {"split": "train"}, [_group(0.0, 1.0)])
+    # killed after the history row was appended but before the pending rollouts were removed
+    commit = store.read_commit(1)
+    store.append_history(commit.history)
+    report = store.recover()
+    assert "published step 0" in report[0]
+    assert len(store.history()) == 1  # not appended twice
+    assert len(store.read_trajectories("train", 0)[0]) == 2
+
+
+def test_torn_history_line_is_skipped_with_its_line_number_and_the_next_row_is_kept(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    store.append_history({"step": 0, "split": "train", "train/reward": 0.1})
+    with open(store.history_path, "a") as f:
+        f.write('{"step": 1, "split": "tr')  # a write cut short by a crash
+    with pytest.warns(UserWarning, match="line 2 is damaged"):
+        assert list(store.history()["step"]) == [0]
+    store.append_history({"step": 1, "split": "train", "train/reward": 0.2})
+    with pytest.warns(UserWarning, match="line 2 is damaged"):
+        hist = store.history()
+    assert list(hist["step"]) == [0, 1] and list(hist["train/reward"]) == [0.1, 0.2]
+
+
+@pytest.mark.parametrize(
+    "bad", ["../../../x", "/abs", "", ".", "..", "a/b", "a\\b", "x@3", " lead", "trail ", "ok."]
+)
+def test_project_and_name_must_be_single_safe_folder_names(tmp_path, bad):
+    with pytest.raises(ValueError, match="is not allowed: it names a folder"):
+        art.TrainableModel(name=bad, project="p", base_model="m")
+    with pytest.raises(ValueError, match="project=.* is not allowed"):
+        art.Model(name="ok", project=bad)
+    with pytest.raises(ValueError, match="is not allowed"):
+        RunStore(tmp_path, "p", bad)
+    model = art.Model(name="agent-001", project="tic-tac-toe v2")
+    with pytest.raises(ValueError, match="is not allowed"):
+        model.name = bad  # assignment is checked too
+    assert not any(p.name != "p" for p in tmp_path.iterdir())
+
+
+def test_one_writer_lock_names_its_holder(tmp_path):
+    store = RunStore(tmp_path, "p", "m")
+    lock = store.lock()
+    with pytest.raises(art.RunInUseError, match=rf"this process \({os.getpid()}\)"):
+        store.lock()
+    assert store.holder()["pid"] == os.getpid()
+    lock.release()
+    store.lock().release()
 
 
 async def test_model_log_writes_history_and_parquet(tmp_path):

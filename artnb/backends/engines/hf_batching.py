@@ -7,7 +7,8 @@ and the engine must report the raw log-probability of every sampled token. Desig
 - Left-padded batch, `position_ids` from the attention mask, a `DynamicCache`, and a prefill that keeps only
   the last position's logits (`logits_to_keep=1`), so the prompt never pays for a full-vocabulary projection.
 - Finished rows leave the batch (the KV cache is re-indexed), so a long straggler does not keep paying for
-  rows that stopped early.
+  rows that stopped early. So do rows whose client went away (`Row.cancelled`, set from the event loop and
+  read by the decoding thread at each step), with finish_reason "abort"; their queued rows never run.
 - Reported logprobs are the model's log-softmax at temperature 1, before the choice or grammar mask,
   temperature or top_p: that is what the trainer recomputes, and what vLLM reports by default.
 - Each row samples with its own `torch.Generator`, so a seeded request is reproducible whatever else runs.
@@ -66,6 +67,7 @@ class Row:
     top_logprobs: int = 0
     min_tokens: int = 0  # EOS is masked until this many tokens were sampled (benchmarks, vLLM's min_tokens)
     job: Any = None  # the scheduler's handle on the request this row belongs to
+    cancelled: bool = False  # the client went away: leave the batch at the next step (finish_reason "abort")
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -174,6 +176,9 @@ def decode_batch(
         keep: list[int] = []
         for j, i in enumerate(active):
             row, token = rows[i], tokens[j]
+            if row.cancelled:
+                row.finish_reason = "abort"
+                continue
             row.token_ids.append(token)
             row.logprobs.append(lps[j])
             row.top.append(tops[j])
@@ -239,14 +244,26 @@ class Scheduler:
         self._released.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self.stats = {"requests": 0, "rows": 0, "batches": 0, "running": 0, "held": False}
+        self.stats = {
+            "requests": 0,
+            "rows": 0,  # rows decoded (aborted ones included)
+            "batches": 0,
+            "running": 0,
+            "held": False,
+            "aborted_rows": 0,  # left a running batch because their client disconnected
+            "dropped_rows": 0,  # removed from the queue before running, because their client disconnected
+        }
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
 
     async def submit(self, model: str, rows: list[Row]) -> str:
-        """Queue rows for `model`; return the model name they ran on once all are finished."""
+        """Queue rows for `model`; return the model name they ran on once all are finished.
+
+        Cancelling the caller (its client went away) cancels the rows: queued ones are dropped, running ones
+        leave their batch at the next decoding step.
+        """
         job = _Job(model, rows, asyncio.get_running_loop().create_future())
         for row in rows:
             row.job = job
@@ -254,7 +271,12 @@ class Scheduler:
         self._arrivals += 1
         self.stats["requests"] += 1
         self._work.set()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            for row in rows:
+                row.cancelled = True
+            raise
 
     async def hold(self) -> None:
         """New and queued requests wait; returns once the batch in flight (if any) has finished."""
@@ -281,6 +303,9 @@ class Scheduler:
         remaining: deque[Row] = deque()
         for row in self._pending:
             job = row.job
+            if row.cancelled:
+                self.stats["dropped_rows"] += 1
+                continue
             if job.future.done():
                 continue
             try:
@@ -321,6 +346,7 @@ class Scheduler:
                 self.stats["running"] = 0
                 self.stats["batches"] += 1
                 self.stats["rows"] += len(batch)
+                self.stats["aborted_rows"] += sum(r.finish_reason == "abort" for r in batch)
                 self._idle.set()
             for job in {id(r.job): r.job for r in batch}.values():
                 if not job.future.done() and all(r.finish_reason for r in job.rows):

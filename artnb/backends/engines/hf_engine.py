@@ -13,7 +13,20 @@ What it serves, and how it differs from OpenAI:
 - LoRA adapters load and unload at runtime (vLLM's `/v1/load_lora_adapter` API). A model name `agent`
   resolves to the latest loaded `agent@N`, at the moment the request is scheduled.
 - `POST /artnb/hold` pauses scheduling without failing requests, so the trainer can swap adapters between
-  batches; `/artnb/release` resumes. `GET /artnb/stats` counts requests, rows and batches.
+  batches; `/artnb/release` resumes. A hold whose client went away before it was answered is undone, so a
+  timed-out `hold()` cannot leave the engine held. `GET /artnb/stats` counts requests, rows and batches,
+  and rows cut short because their client disconnected.
+
+Limits, so one client cannot stall or flood the server:
+- Every route but `/health` needs the API key, checked before any body is read, and bodies over
+  `--max-request-bytes` get 413 (guard.py). There are no `/docs`, `/redoc` or `/openapi.json` routes.
+- Chat-template rendering, tokenization and the response's JSON run on one worker thread with its own
+  tokenizer, not on the event loop: a 4 MB prompt takes seconds to tokenize, and `/health` must not wait.
+  One thread, because a fast tokenizer used from two threads at once can fail ("Already borrowed").
+- A request whose client disconnects stops decoding at the next step; its queued rows never run.
+- A chat template sent with the request is refused unless `--trust-request-chat-template` (vLLM's flag):
+  the server renders it, and a slow one stalls every request behind it.
+
 The decoding loop and the scheduler live in `hf_batching.py`, the wire format in `hf_protocol.py`.
 """
 
@@ -22,21 +35,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import functools
+import json
 import os
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard
 from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
 from artnb.backends.engines.hf_grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.hf_protocol import (
@@ -52,6 +70,8 @@ from artnb.backends.engines.hf_protocol import (
 )
 from artnb.backends.engines.process import API_KEY_ENV
 
+T = TypeVar("T")
+
 
 @dataclass
 class _Adapter:
@@ -63,7 +83,14 @@ class HFServer:
     """The model, its tokenizer and its LoRA adapters; turns chat requests into rows and rows into JSON."""
 
     def __init__(
-        self, model_path: str, served_name: str, *, device: str, max_batch_size: int, max_loras: int
+        self,
+        model_path: str,
+        served_name: str,
+        *,
+        device: str,
+        max_batch_size: int,
+        max_loras: int,
+        trust_request_chat_template: bool = False,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -71,8 +98,11 @@ class HFServer:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         self.model_path, self.served_name, self.max_loras = model_path, served_name, max_loras
+        self.trust_request_chat_template = trust_request_chat_template
+        # Used only on the prep thread (templates, prompts, responses) once serving; the decoding thread
+        # (stop strings) and the grammar compiler have their own instances.
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        # The worker thread decodes (stop strings) while the event loop encodes prompts: separate instances.
+        self._prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="artnb-prep")
         self._worker_tokenizer = copy.deepcopy(self.tokenizer)
         self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         self.peft: Any = None  # the PeftModel wrapping self.base once an adapter is loaded
@@ -189,23 +219,41 @@ class HFServer:
                 400, f"{error}. Fix the schema in response_format / structured_outputs"
             ) from error
 
+    def template_kwargs(self, request: ChatRequest) -> dict[str, Any]:
+        """The request's extra apply_chat_template arguments; a template of its own only if trusted."""
+        kwargs = dict(request.chat_template_kwargs or {})
+        if request.chat_template is not None:
+            kwargs["chat_template"] = request.chat_template
+        if kwargs.get("chat_template") is not None and not self.trust_request_chat_template:
+            raise EngineError(
+                400,
+                "this request sends its own chat template (chat_template or chat_template_kwargs.chat_template),"
+                " which this engine refuses: the server would render it, and a slow template stalls every "
+                "request. Drop it to use the model's template, or start the engine with "
+                "HFEngine(..., trust_request_chat_template=True) (--trust-request-chat-template) if you "
+                "trust every client",
+            )
+        return kwargs
+
     def rows_for(
         self, request: ChatRequest, constraint: StructuredOutput | None = None, grammar: Any = None
     ) -> tuple[list[int], list[Row]]:
         """Tokenize the conversation and expand the request into `n` rows; raises EngineError if invalid.
 
         `constraint` is `structured_output(request)`; `grammar` its compiled JSON grammar, if it has one.
+        Blocking (a long prompt takes seconds), so call it on the prep thread.
         """
         if request.stream:
             raise EngineError(400, "streaming is not supported by the HF engine: call with stream=False")
         choices = constraint.choices if constraint is not None else None
+        kwargs = self.template_kwargs(request)
         try:
             text = self.tokenizer.apply_chat_template(
                 [template_message(m) for m in request.messages],
                 tools=request.tools,
                 add_generation_prompt=True,
                 tokenize=False,
-                **(request.chat_template_kwargs or {}),
+                **kwargs,
             )
         except Exception as error:
             raise EngineError(400, f"the chat template rejected these messages: {error}") from error
@@ -272,13 +320,10 @@ class HFServer:
             "token_ids": row.token_ids,
         }
 
-    async def chat(self, request: ChatRequest) -> dict[str, Any]:
-        constraint = structured_output(request)
-        grammar = await asyncio.to_thread(self.compile_grammar, constraint) if constraint else None
-        prompt, rows = self.rows_for(request, constraint, grammar)
-        served = await self.scheduler.submit(request.model, rows)
+    def response_body(self, request: ChatRequest, served: str, prompt: list[int], rows: list[Row]) -> bytes:
+        """The chat.completion JSON; blocking (n rows of logprobs can be megabytes), so call it on the prep thread."""
         completion_tokens = sum(len(r.token_ids) for r in rows)
-        return {
+        completion = {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -291,26 +336,64 @@ class HFServer:
                 "total_tokens": len(prompt) * len(rows) + completion_tokens,
             },
         }
+        return json.dumps(completion, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+    async def on_prep_thread(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._prep, functools.partial(function, *args)
+        )
+
+    async def chat(self, request: ChatRequest) -> bytes:
+        """Answer one chat request (the response's JSON); the event loop only waits, it never tokenizes."""
+        constraint = structured_output(request)
+        grammar = await asyncio.to_thread(self.compile_grammar, constraint) if constraint else None
+        prompt, rows = await self.on_prep_thread(self.rows_for, request, constraint, grammar)
+        served = await self.scheduler.submit(request.model, rows)
+        return await self.on_prep_thread(self.response_body, request, served, prompt, rows)
 
 
-def create_app(server: HFServer, api_key: str) -> FastAPI:
-    """The FastAPI app; every route but /health needs `Authorization: Bearer <api_key>`."""
+class ClientGone(Exception):
+    """The client disconnected before its request was answered."""
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, unless the client disconnects first: then cancel it and raise ClientGone.
+
+    The body was already read, so the next message `receive()` gives is the disconnect.
+    """
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            if not pending.done():
+                pending.cancel()
+    if watch.done() and not watch.cancelled():
+        await asyncio.gather(task, return_exceptions=True)  # let it unwind (its rows are marked cancelled)
+        raise ClientGone
+    return task.result()
+
+
+def create_app(
+    server: HFServer, api_key: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> RequestGuard:
+    """The ASGI app: FastAPI routes behind a RequestGuard (every route but /health needs the API key)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server.scheduler.start()
         yield
 
-    async def authorized(request: Request) -> None:
-        if request.headers.get("authorization") != f"Bearer {api_key}":
-            raise EngineError(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer <key>' with the key this engine was "
-                "started with (HFEngine.api_key)",
-            )
+    app = FastAPI(title="artnb HF engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    app = FastAPI(title="artnb HF engine", lifespan=lifespan)
-    guarded = [Depends(authorized)]
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, error: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, error: EngineError) -> JSONResponse:
@@ -329,7 +412,7 @@ def create_app(server: HFServer, api_key: str) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = [{"id": server.served_name, "object": "model", "owned_by": "artnb", "root": server.model_path}]
         data += [
@@ -338,35 +421,41 @@ def create_app(server: HFServer, api_key: str) -> FastAPI:
         ]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
-    async def chat_completions(request: ChatRequest) -> dict[str, Any]:
-        return await server.chat(request)
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        return Response(await while_connected(request, server.chat(body)), media_type="application/json")
 
-    @app.post("/v1/load_lora_adapter", dependencies=guarded)
+    @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: LoadAdapterRequest) -> dict[str, Any]:
         evicted = await asyncio.to_thread(server.load_adapter, request.lora_name, request.lora_path)
         return {"lora_name": request.lora_name, "evicted": evicted}
 
-    @app.post("/v1/unload_lora_adapter", dependencies=guarded)
+    @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: UnloadAdapterRequest) -> dict[str, Any]:
         await asyncio.to_thread(server.unload_adapter, request.lora_name)
         return {"lora_name": request.lora_name}
 
-    @app.post("/artnb/hold", dependencies=guarded)
-    async def hold() -> dict[str, bool]:
-        await server.scheduler.hold()
+    @app.post("/artnb/hold")
+    async def hold(request: Request) -> dict[str, bool]:
+        try:
+            await while_connected(request, server.scheduler.hold())
+        except ClientGone:
+            server.scheduler.release()  # the client gave up (e.g. timed out): nobody will release this hold
+            raise
         return {"held": True}
 
-    @app.post("/artnb/release", dependencies=guarded)
+    @app.post("/artnb/release")
     async def release() -> dict[str, bool]:
         server.scheduler.release()
         return {"held": False}
 
-    @app.get("/artnb/stats", dependencies=guarded)
+    @app.get("/artnb/stats")
     async def stats() -> dict[str, Any]:
         return {**server.scheduler.stats, "adapters": list(server.adapters)}
 
-    return app
+    return RequestGuard(
+        app, api_key=api_key, max_request_bytes=max_request_bytes, key_source="HFEngine.api_key"
+    )
 
 
 def exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
@@ -394,6 +483,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-loras", type=int, default=4, help="adapters kept loaded; the oldest is evicted"
     )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get 413 before they are read",
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a chat_template sent with a request (refused with 400 by default)",
+    )
     parser.add_argument("--parent-pid", type=int, default=os.getppid(), help="exit when this process dies")
     args = parser.parse_args(argv)
     if not args.api_key:
@@ -408,13 +508,14 @@ def main(argv: list[str] | None = None) -> None:
         device=args.device,
         max_batch_size=args.max_batch_size,
         max_loras=args.max_loras,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     print(
         f"artnb engine: {args.model} loaded on {server.base.device}; serving as {args.served_name!r}",
         flush=True,
     )
     uvicorn.run(
-        create_app(server, args.api_key),
+        create_app(server, args.api_key, args.max_request_bytes),
         host=args.host,
         port=args.port,
         access_log=False,

@@ -3,8 +3,11 @@
 Requests are validated by pydantic; unknown fields are ignored (as vLLM does), but fields whose silent
 omission would change results (streaming, structured outputs other than choice and JSON) are rejected by the
 server with a message saying what to use instead. `structured_output` reads the three spellings of a
-constraint (OpenAI's `response_format`, vLLM's `structured_outputs` and `guided_choice`) into one. Errors use OpenAI's body
-`{"error": {"message", "type", "code"}}`, so the openai client raises them with the message intact.
+constraint (OpenAI's `response_format`, vLLM's `structured_outputs` and `guided_choice`) into one. A
+request's own chat template (`chat_template`, or `chat_template_kwargs.chat_template`) is refused unless the
+server was started to trust them, as vLLM does. Errors use OpenAI's body `{"error": {"message", "type",
+"code"}}` (`guard.error_body`, shared with the auth layer), so the openai client raises them with the message
+intact.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+
+from artnb.backends.engines.guard import error_body
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -53,7 +58,10 @@ class ChatRequest(BaseModel):
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's field; refused unless the server trusts request templates
+    chat_template_kwargs: dict[str, Any] | None = (
+        None  # passed to apply_chat_template (its `chat_template` too)
+    )
 
 
 @dataclass
@@ -193,6 +201,4 @@ def parse_tool_calls(text: str) -> tuple[list[dict[str, Any]], str]:
 
 
 def error_response(status: int, message: str) -> JSONResponse:
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
-    kind = "internal_error" if status >= 500 else kind
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse(error_body(status, message), status_code=status)

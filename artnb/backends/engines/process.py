@@ -8,12 +8,19 @@ engine watches `os.getppid()`), which covers a kernel killed with SIGKILL, where
 
 `ServerEngine` is what both engine clients share (port, API key, log, control calls); `HFEngine` runs
 `artnb.backends.engines.hf_engine` this way, `VLLMEngine` (vllm_engine.py) runs vLLM's server.
+
+Control calls (load/unload adapters, stats, release) time out after `control_timeout_s` (60 s: they take
+milliseconds to seconds, so a minute means the engine is hung or stopped). `hold()` waits for the batch in
+flight to finish, which on CPU can legitimately take minutes (32 rows of long completions), so it has its own
+`hold_timeout_s` (15 min). A timeout raises TimeoutError naming the call, the engine, the limit and the log;
+a failed or timed-out hold is released (best effort), so the engine is not left holding requests forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import secrets
 import signal
@@ -29,6 +36,7 @@ import httpx
 from tqdm.auto import tqdm
 
 import artnb
+from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES
 
 API_KEY_ENV = "ARTNB_ENGINE_API_KEY"  # how HFEngine hands the server its key
 
@@ -169,17 +177,37 @@ class ServerEngine:
     """What both engines share: a server child process on 127.0.0.1 with an API key, and its HTTP control API.
 
     Subclasses set `kind` (for messages and the log name) and implement `start()` by building a command and
-    calling `_launch()`.
+    calling `_launch()`. The limits (`max_request_bytes`, `control_timeout_s`, `hold_timeout_s`) are the
+    subclasses' constructor options; see the module docstring for the timeouts.
     """
 
     kind = "engine"
 
-    def __init__(self, model_path: str | Path, served_name: str, log_dir: str | Path, port: int | None):
+    def __init__(
+        self,
+        model_path: str | Path,
+        served_name: str,
+        log_dir: str | Path,
+        port: int | None,
+        *,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        control_timeout_s: float = 60.0,
+        hold_timeout_s: float = 900.0,
+    ):
+        for name, value in [
+            ("max_request_bytes", max_request_bytes),
+            ("control_timeout_s", control_timeout_s),
+            ("hold_timeout_s", hold_timeout_s),
+        ]:
+            if value <= 0:
+                raise ValueError(f"{name}={value}: pass a positive number")
         self.model_path = os.path.expanduser(str(model_path))  # a hub id stays as it is
         self.served_name, self.log_dir = served_name, Path(log_dir)
         self._auto_port = port is None
         self.port = free_port() if port is None else port
         self.api_key = secrets.token_urlsafe(24)
+        self.max_request_bytes = max_request_bytes
+        self.control_timeout_s, self.hold_timeout_s = control_timeout_s, hold_timeout_s
         self._process: EngineProcess | None = None
 
     @property
@@ -247,19 +275,37 @@ class ServerEngine:
         raise NotImplementedError
 
     async def _call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> Any:
-        """One control request; a non-200 answer raises with the server's message (and its log if it died)."""
+        """One control request; a non-200 answer raises with the server's message (and its log if it died).
+
+        No answer within `timeout_s` (default: control_timeout_s) raises TimeoutError.
+        """
         if not self.alive():
             raise RuntimeError(
                 f"the {self.kind} engine is not running (exit code {self.returncode}): start() it; "
                 f"log: {self.log_path}"
             )
+        timeout_s = self.control_timeout_s if timeout_s is None else timeout_s
         headers = {"Authorization": f"Bearer {self.api_key}"}
-        async with httpx.AsyncClient(timeout=None) as client:
-            response = await client.request(
-                method, f"http://127.0.0.1:{self.port}{path}", json=body, params=params, headers=headers
-            )
+        try:
+            async with httpx.AsyncClient(timeout=None) as client:  # wait_for bounds the whole call instead
+                request = client.request(
+                    method, f"http://127.0.0.1:{self.port}{path}", json=body, params=params, headers=headers
+                )
+                response = await asyncio.wait_for(request, timeout_s)
+        except asyncio.TimeoutError as error:
+            raise TimeoutError(
+                f"{self.kind} engine (pid {self.pid}, port {self.port}) did not answer {method} {path} within "
+                f"{timeout_s:g}s: it may be hung, stopped or overloaded. Check its log {self.log_path}; if "
+                f"it is just slow, pass a larger control_timeout_s (hold_timeout_s for hold)"
+            ) from error
         if response.status_code != 200:
             try:
                 error = response.json().get("error")
@@ -276,6 +322,15 @@ class ServerEngine:
         except ValueError:
             return response.text
 
+    async def _hold(self) -> None:
+        """POST /artnb/hold (waits for the batch in flight); on any failure, release best effort and re-raise."""
+        try:
+            await self._call("POST", "/artnb/hold", timeout_s=self.hold_timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._call("POST", "/artnb/release", timeout_s=min(self.control_timeout_s, 10.0))
+            raise
+
 
 class HFEngine(ServerEngine):
     """The transformers inference server (`hf_engine.py`) in a child process, with its control API.
@@ -284,6 +339,10 @@ class HFEngine(ServerEngine):
     >>> await engine.start()
     >>> client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
     >>> await engine.stop()
+
+    max_request_bytes: larger request bodies get 413 unread (32 MiB; a 2048-token chat is ~10 kB).
+    trust_request_chat_template: render a `chat_template` sent with a request; off, such requests get 400.
+    control_timeout_s, hold_timeout_s: how long control calls and hold() wait for an answer (module docstring).
     """
 
     kind = "HF"
@@ -298,9 +357,22 @@ class HFEngine(ServerEngine):
         max_batch_size: int = 32,
         max_loras: int = 4,
         port: int | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        trust_request_chat_template: bool = False,
+        control_timeout_s: float = 60.0,
+        hold_timeout_s: float = 900.0,
     ):
-        super().__init__(model_path, served_name, log_dir, port)
+        super().__init__(
+            model_path,
+            served_name,
+            log_dir,
+            port,
+            max_request_bytes=max_request_bytes,
+            control_timeout_s=control_timeout_s,
+            hold_timeout_s=hold_timeout_s,
+        )
         self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
+        self.trust_request_chat_template = trust_request_chat_template
 
     async def start(self, timeout: float = 300) -> None:
         """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
@@ -317,6 +389,8 @@ class HFEngine(ServerEngine):
             "--device", self.device,
             "--max-batch-size", str(self.max_batch_size),
             "--max-loras", str(self.max_loras),
+            "--max-request-bytes", str(self.max_request_bytes),
+            *(["--trust-request-chat-template"] if self.trust_request_chat_template else []),
             "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
         ]  # fmt: skip
         self._launch(command, env)
@@ -332,12 +406,15 @@ class HFEngine(ServerEngine):
         await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
 
     async def hold(self) -> None:
-        """Pause scheduling: new requests wait (they do not fail); returns once in-flight batches finished."""
-        await self._call("POST", "/artnb/hold")
+        """Pause scheduling: new requests wait (they do not fail); returns once in-flight batches finished.
+
+        Raises TimeoutError after hold_timeout_s, having released the engine (best effort)."""
+        await self._hold()
 
     async def release(self) -> None:
         await self._call("POST", "/artnb/release")
 
     async def stats(self) -> dict[str, Any]:
-        """Counters: requests, rows, batches run, whether held, loaded adapters."""
+        """Counters: requests, rows, batches run, whether held, loaded adapters, and rows cut short because
+        their client disconnected (aborted_rows: left a running batch; dropped_rows: never ran)."""
         return await self._call("GET", "/artnb/stats")

@@ -20,7 +20,9 @@ which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process
     engine after their adapter was already resolved, so they would run on the old one.)
   * the legacy `guided_choice`/`guided_json`/`guided_regex`/`guided_grammar` fields, which vLLM 0.32 ignores
     (unconstrained output, HTTP 200), become `structured_outputs`;
-  * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes).
+  * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes),
+    and bodies over `max_request_bytes` get 413, both before the body is read (guard.py, shared with the HF
+    engine). `--disable-fastapi-docs` removes /docs, /redoc and /openapi.json.
 - CPU and CUDA differ only in `_platform_defaults`: on CPU fp32, a bounded KV cache, no reserved core; on CUDA
   sleep mode, so that `hold()` frees GPU memory for the trainer (`/sleep?level=1`, `/wake_up`).
 
@@ -37,7 +39,6 @@ import json
 import os
 import re
 import runpy
-import secrets
 import signal
 import subprocess
 import sys
@@ -49,6 +50,14 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from artnb.backends.engines.guard import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    MAX_REQUEST_BYTES_ENV,
+    BodyLimit,
+    refusal,
+    send_error,
+    send_json,
+)
 from artnb.backends.engines.process import ServerEngine
 
 # vLLM accepts only these values for --max-lora-rank.
@@ -157,6 +166,9 @@ class VLLMEngine(ServerEngine):
       accepts (8, 16, 32, ...). max_loras: adapters kept loaded, and served in one batch; loading one more
       unloads the oldest. extra_args: more `vllm serve` arguments, overriding the defaults. env: environment
       variables for the server, overriding the defaults (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU).
+    max_request_bytes: larger request bodies get 413 unread. control_timeout_s, hold_timeout_s: how long
+      control calls and hold() wait for an answer (process.py). vLLM refuses chat templates sent with a
+      request unless `extra_args=["--trust-request-chat-template"]`.
     """
 
     kind = "vLLM"
@@ -172,10 +184,21 @@ class VLLMEngine(ServerEngine):
         port: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        control_timeout_s: float = 60.0,
+        hold_timeout_s: float = 900.0,
     ):
         if max_loras < 1:
             raise ValueError(f"max_loras={max_loras}: keep at least 1 adapter loaded")
-        super().__init__(model_path, served_name, log_dir, port)
+        super().__init__(
+            model_path,
+            served_name,
+            log_dir,
+            port,
+            max_request_bytes=max_request_bytes,
+            control_timeout_s=control_timeout_s,
+            hold_timeout_s=hold_timeout_s,
+        )
         self.max_lora_rank, self.max_loras = _lora_rank_arg(max_lora_rank), max_loras
         self.extra_args, self.env = list(extra_args or []), dict(env or {})
         self.adapters: OrderedDict[str, str] = OrderedDict()  # name -> path, oldest-loaded first
@@ -199,6 +222,7 @@ class VLLMEngine(ServerEngine):
             "--generation-config", "vllm",  # neutral sampling defaults (temperature 1), as the HF engine
             "--middleware", "artnb.backends.engines.vllm_engine.ServerMiddleware",
             "--disable-access-log-for-endpoints", "/health",
+            "--disable-fastapi-docs",  # no /docs, /redoc, /openapi.json
             *_tool_parser_args(self.model_path),
             *platform_args,
             *self.extra_args,
@@ -221,6 +245,7 @@ class VLLMEngine(ServerEngine):
             {
                 **platform_env,
                 "VLLM_API_KEY": self.api_key,  # not on the command line, where `ps` would show it
+                MAX_REQUEST_BYTES_ENV: str(self.max_request_bytes),
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 **self.env,
             }
@@ -234,8 +259,14 @@ class VLLMEngine(ServerEngine):
             await asyncio.to_thread(self._process.wait_ready, timeout)
             # A served /health does not prove the model runs (e.g. an attention shape the CPU kernels lack).
             await self._call(
-                "POST", "/v1/completions", {"model": self.served_name, "prompt": "Hi", "max_tokens": 1}
+                "POST",
+                "/v1/completions",
+                {"model": self.served_name, "prompt": "Hi", "max_tokens": 1},
+                timeout_s=timeout,  # the first request may still be warming up: the start's own limit
             )
+        except TimeoutError:
+            await self.stop()  # the error already names the log and what to do
+            raise
         except RuntimeError as error:
             await self.stop()
             cause = _first_error(self.log_path, log_start)
@@ -285,8 +316,9 @@ class VLLMEngine(ServerEngine):
 
     async def hold(self) -> None:
         """New requests wait (they do not fail); returns once running requests finished. On CUDA it also sleeps
-        the engine (weights to CPU, KV cache freed) so the trainer has the GPU memory."""
-        await self._call("POST", "/artnb/hold")
+        the engine (weights to CPU, KV cache freed) so the trainer has the GPU memory. Raises TimeoutError after
+        hold_timeout_s, having released the engine (best effort)."""
+        await self._hold()
         if self.sleep_mode and not self._asleep:
             try:
                 await self._call("POST", "/sleep", params={"level": 1, "mode": "wait"})
@@ -319,6 +351,12 @@ class ServerMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.api_key = os.environ.get("VLLM_API_KEY", "")
+        if not self.api_key:
+            raise RuntimeError(
+                "artnb's ServerMiddleware needs VLLM_API_KEY set: it guards every route with it. Start the "
+                "server through VLLMEngine, which sets it"
+            )
+        self.max_request_bytes = int(os.environ.get(MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES))
         self.adapters: set[str] = set()  # loaded through /v1/load_lora_adapter, as vLLM confirmed
         self.open = asyncio.Event()  # set: generation requests are admitted
         self.open.set()
@@ -330,31 +368,38 @@ class ServerMiddleware:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] == "/health" or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
-        expected = f"Bearer {self.api_key}".encode()
-        if self.api_key and not secrets.compare_digest(_header(scope, b"authorization"), expected):
-            message = "missing or wrong API key: send 'Authorization: Bearer <key>' with VLLMEngine.api_key"
-            return await _json(
-                send, 401, {"error": {"message": message, "type": "authentication_error", "code": 401}}
-            )
+        refused = refusal(scope, self.api_key, self.max_request_bytes, "VLLMEngine.api_key")
+        if refused is not None:
+            return await send_error(send, *refused, close=True)
+        limit = BodyLimit(receive, send, self.max_request_bytes)
+        try:
+            await self._route(scope, limit.receive, limit.send)
+        except Exception:
+            if not limit.refused:  # after a 413, vLLM may fail any way it likes: the client has its answer
+                raise
+
+    async def _route(self, scope: dict, receive: Any, send: Any) -> None:
         path, post = scope["path"], scope["method"] == "POST"
         if path.startswith("/artnb/"):
-            return await self._control(path, send)
+            return await self._control(path, receive, send)
         if post and path.startswith(_GENERATION_PATHS):
             return await self._generate(scope, receive, send)
         if post and path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             return await self._adapter_change(scope, receive, send)
         return await self.app(scope, receive, send)
 
-    async def _control(self, path: str, send: Any) -> None:
+    async def _control(self, path: str, receive: Any, send: Any) -> None:
         if path == "/artnb/hold":
             self.open.clear()
-            await self.idle.wait()
+            if not await _until_idle_or_gone(self.idle, receive):
+                self.open.set()  # the client gave up (e.g. timed out): nobody will release this hold
+                return
         elif path == "/artnb/release":
             self.open.set()
         elif path != "/artnb/stats":
-            return await _json(send, 404, {"error": {"message": f"no route {path}", "code": 404}})
+            return await send_error(send, 404, f"no route {path}")
         stats = {"held": not self.open.is_set(), "running": self.running, "waiting": self.waiting}
-        await _json(send, 200, {**stats, "adapters": sorted(self.adapters)})
+        await send_json(send, 200, {**stats, "adapters": sorted(self.adapters)})
 
     async def _generate(self, scope: dict, receive: Any, send: Any) -> None:
         body = await _read_body(receive)
@@ -444,8 +489,20 @@ def _first_error(log_path: Path, offset: int) -> str:
     return ""
 
 
-def _header(scope: dict, name: bytes) -> bytes:
-    return next((v for k, v in scope["headers"] if k == name), b"")
+async def _until_idle_or_gone(idle: asyncio.Event, receive: Any) -> bool:
+    """Wait until `idle` is set (True) or the client disconnects first (False)."""
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    waits = [asyncio.ensure_future(idle.wait()), asyncio.ensure_future(gone())]
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return waits[1] not in done
 
 
 async def _read_body(receive: Any) -> bytes:
@@ -477,13 +534,6 @@ def _replay(body: bytes, receive: Any) -> Any:
 def _with_length(scope: dict, length: int) -> dict:
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
     return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
-
-
-async def _json(send: Any, status: int, content: dict) -> None:
-    body = json.dumps(content).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:

@@ -51,6 +51,60 @@ class _MicroBatch:
     num_tokens: int  # real (unpadded) tokens, prompt included
 
 
+@dataclass
+class _Sums:
+    """Loss and metric sums over a step's micro-batches, each weighted by its share of trainable tokens."""
+
+    denominator: int  # trainable tokens in the whole batch
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: float = 0.0
+    clip_fraction: float = 0.0
+    ratio_mean: float = 0.0
+    mismatch_sum: float = 0.0
+    mismatch_count: int = 0
+
+    def add(self, batch: _MicroBatch, new: Tensor, loss: float, metrics: dict[str, float]) -> None:
+        share = int(batch.mask.sum()) / self.denominator
+        self.loss += loss
+        self.policy_loss += metrics["policy_loss"]
+        self.kl += metrics.get("kl", 0.0) * share
+        self.clip_fraction += metrics.get("clip_fraction", 0.0) * share
+        self.ratio_mean += metrics.get("ratio_mean", 0.0) * share
+        known = batch.mask & ~torch.isnan(batch.old_logprobs)
+        self.mismatch_sum += (new - batch.old_logprobs)[known].abs().sum().item()
+        self.mismatch_count += int(known.sum())
+
+    def metrics(
+        self,
+        *,
+        grad_norm: float,
+        num_sequences: int,
+        num_micro_batches: int,
+        num_tokens: int,
+        seconds: float,
+        config: TrainConfig,
+    ) -> dict[str, float]:
+        result = {
+            "loss": self.loss,
+            "policy_loss": self.policy_loss,
+            "grad_norm": grad_norm,
+            "clip_fraction": self.clip_fraction,
+            "ratio_mean": self.ratio_mean,
+            "num_trainable_tokens": float(self.denominator),
+            "num_sequences": float(num_sequences),
+            "num_micro_batches": float(num_micro_batches),
+            "tokens_per_second": num_tokens / seconds,
+            "seconds": seconds,
+            "learning_rate": config.learning_rate,
+        }
+        if config.kl_penalty_coef > 0:
+            result["kl"] = self.kl
+        if self.mismatch_count:
+            result["logprob_mismatch"] = self.mismatch_sum / self.mismatch_count
+        return result
+
+
 class PeftTrainer:
     """Trains a LoRA adapter on `TokenizedSequence`s with the GRPO loss of `artnb.core.grpo`.
 
@@ -151,12 +205,33 @@ class PeftTrainer:
     def train(
         self, sequences: list[TokenizedSequence], config: TrainConfig, *, progress: bool = True
     ) -> dict[str, float]:
-        """One optimizer step of the GRPO loss over all `sequences`; returns metrics as plain floats."""
+        """One optimizer step of the GRPO loss over all `sequences`; returns metrics as plain floats.
+
+        Phases: validate and collate the micro-batches, accumulate the gradient over them (forward, loss,
+        backward), apply the update (clip, AdamW step). An exception before the update leaves the weights
+        as they were; the backend reloads the last checkpoint after any failure anyway.
+        """
         from tqdm.auto import tqdm
 
+        started = time.perf_counter()
+        batches = self._prepare(sequences, config)
+        with tqdm(total=len(batches), desc="train", disable=not progress) as bar:
+            sums = self._accumulate_gradients(batches, config, bar)
+            grad_norm = self._apply_update(config)
+            bar.set_postfix(loss=f"{sums.loss:.4f}", grad_norm=f"{grad_norm:.3g}")
+        return sums.metrics(
+            grad_norm=grad_norm,
+            num_sequences=len(sequences),
+            num_micro_batches=len(batches),
+            num_tokens=sum(b.num_tokens for b in batches),
+            seconds=time.perf_counter() - started,
+            config=config,
+        )
+
+    def _prepare(self, sequences: list[TokenizedSequence], config: TrainConfig) -> list[_MicroBatch]:
+        """Check the sequences and cut them into micro-batches; set this step's learning rate."""
         if not sequences:
             raise ValueError("train() got no sequences; the caller should skip the step instead")
-        started = time.perf_counter()
         self._check_sequences(sequences)
         # token 0 is never predicted, so a mask only on it trains nothing; such rows are not run at all
         trainable = [s for s in sequences if any(s.assistant_mask[1:])]
@@ -165,19 +240,18 @@ class PeftTrainer:
                 "no trainable tokens: every assistant_mask is False after the first token. Check that the "
                 "trajectories have assistant turns with logprobs (or set allow_training_without_logprobs)"
             )
-        batches = self._micro_batches(trainable, config.micro_batch_tokens)
-        denominator = sum(int(b.mask.sum()) for b in batches)
-        epsilon, epsilon_high = config.resolved_epsilons()
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
             group["weight_decay"] = config.weight_decay
+        return self._micro_batches(trainable, config.micro_batch_tokens)
 
+    def _accumulate_gradients(self, batches: list[_MicroBatch], config: TrainConfig, bar) -> _Sums:
+        """Forward, loss and backward per micro-batch; the gradients add up to the whole batch's."""
+        denominator = sum(int(b.mask.sum()) for b in batches)
+        epsilon, epsilon_high = config.resolved_epsilons()
+        sums = _Sums(denominator)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals = {"loss": 0.0, "policy_loss": 0.0}
-        means = {"kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
-        mismatch_sum, mismatch_count = 0.0, 0
-        bar = tqdm(total=len(batches), desc="train", disable=not progress)
         for batch in batches:
             ref = self._logprobs(batch, adapter=False) if config.kl_penalty_coef > 0 else None
             new = self._logprobs(batch)
@@ -195,47 +269,22 @@ class PeftTrainer:
                 denominator=denominator,
             )
             loss.backward()
-            share = int(batch.mask.sum()) / denominator
-            totals["loss"] += loss.item()
-            totals["policy_loss"] += metrics["policy_loss"]
-            for key in means:
-                means[key] += metrics.get(key, 0.0) * share
-            known = batch.mask & ~torch.isnan(batch.old_logprobs)
-            mismatch_sum += (new.detach() - batch.old_logprobs)[known].abs().sum().item()
-            mismatch_count += int(known.sum())
-            bar.set_postfix(loss=f"{totals['loss']:.4f}")
+            sums.add(batch, new.detach(), loss.item(), metrics)
+            bar.set_postfix(loss=f"{sums.loss:.4f}")
             bar.update()
             del new, ref, loss
+        return sums
 
+    def _apply_update(self, config: TrainConfig) -> float:
+        """Clip the gradient and take the AdamW step (skipped, with a warning, on a non-finite norm)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
-            warnings.warn(f"artnb: gradient norm is {grad_norm}; the update was skipped", stacklevel=2)
+            warnings.warn(f"artnb: gradient norm is {grad_norm}; the update was skipped", stacklevel=3)
         self.optimizer.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{totals['loss']:.4f}", grad_norm=f"{grad_norm:.3g}")
-        bar.close()
-
-        seconds = time.perf_counter() - started
-        num_tokens = sum(b.num_tokens for b in batches)
-        result = {
-            **totals,
-            "grad_norm": grad_norm,
-            "clip_fraction": means["clip_fraction"],
-            "ratio_mean": means["ratio_mean"],
-            "num_trainable_tokens": float(denominator),
-            "num_sequences": float(len(sequences)),
-            "num_micro_batches": float(len(batches)),
-            "tokens_per_second": num_tokens / seconds,
-            "seconds": seconds,
-            "learning_rate": config.learning_rate,
-        }
-        if config.kl_penalty_coef > 0:
-            result["kl"] = means["kl"]
-        if mismatch_count:
-            result["logprob_mismatch"] = mismatch_sum / mismatch_count
-        return result
+        return grad_norm
 
     @torch.no_grad()
     def token_logprobs(self, token_ids: list[list[int]], *, adapter: bool = True) -> list[list[float]]:
