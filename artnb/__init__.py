@@ -4,7 +4,13 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not reach the network at import
 
-from . import models, tutorial  # noqa: E402
+from dotenv import find_dotenv, load_dotenv  # noqa: E402
+
+# As ART does: variables from a .env file (API keys) are loaded on import. Found from the working directory up
+# (ART's default search starts at the package's own folder); variables already set are kept.
+load_dotenv(find_dotenv(usecwd=True))
+
+from . import dev, models, tutorial  # noqa: E402
 from .backends.local import EngineDiedError, LocalBackend  # noqa: E402
 from .core.compare import RewardComparison, compare_rewards  # noqa: E402
 from .core.config import LoRAConfig, TrainConfig, TrainerConfig  # noqa: E402
@@ -20,8 +26,18 @@ from .core.gather import (  # noqa: E402
 from .core.judge_requests import JudgeLimits, JudgeRequestError, RulerError  # noqa: E402
 from .core.model import Model, NothingToTrainError, TrainableModel, TrainResult  # noqa: E402
 from .core.ruler import DEFAULT_RUBRIC, ruler, ruler_score_group  # noqa: E402
+from .core.sft import TrainSFTConfig  # noqa: E402
 from .core.store import RunInUseError  # noqa: E402
-from .core.trajectory import History, Trajectory, TrajectoryGroup  # noqa: E402
+from .core.trajectory import (  # noqa: E402
+    History,
+    Messages,
+    MessagesAndChoices,
+    Tools,
+    Trajectory,
+    TrajectoryGroup,
+)
+
+LocalTrainResult = TrainResult  # ART's name for what LocalBackend.train returns
 
 __all__ = [
     "AfterEachFailure",
@@ -33,19 +49,25 @@ __all__ = [
     "JudgeRequestError",
     "LoRAConfig",
     "LocalBackend",
+    "LocalTrainResult",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "NothingToTrainError",
     "RewardComparison",
     "RulerError",
     "RunInUseError",
     "TooManyExceptions",
+    "Tools",
     "TrainConfig",
     "TrainResult",
+    "TrainSFTConfig",
     "TrainableModel",
     "TrainerConfig",
     "Trajectory",
     "TrajectoryGroup",
     "compare_rewards",
+    "dev",
     "evaluate",
     "gather_trajectories",
     "gather_trajectory_groups",
@@ -58,10 +80,17 @@ __all__ = [
 ]
 
 
+# Imported on first use: `art.widgets` (ipywidgets, plotly) and ART's module paths (`art.utils`, `art.rewards`...).
+_LAZY_MODULES = {"widgets", "utils", "rewards", "local", "serverless", "types", "trajectories"}
+
+
 def __getattr__(name: str):
-    # `art.widgets` is imported on first use, so `import artnb` stays free of ipywidgets and plotly.
-    if name == "widgets":
+    if name in _LAZY_MODULES:
         import importlib
 
-        return importlib.import_module(".widgets", __name__)
+        return importlib.import_module(f".{name}", __name__)
+    if name == "ServerlessBackend":
+        from .serverless import ServerlessBackend
+
+        return ServerlessBackend
     raise AttributeError(f"module 'artnb' has no attribute {name!r}")

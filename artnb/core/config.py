@@ -2,13 +2,21 @@
 
 Every field has a default that works on the embedded model on a CPU, and help text saying when to change it.
 They are pydantic models so a typo in a keyword is an error, not a silently ignored option.
+
+ART's training keywords (`backend.train(model, groups, **kwargs)`, `model.train(groups, config, _config=...)`)
+are resolved in one place, `resolve_train_config`: a keyword is a TrainConfig field, or an ART name mapped onto
+one (`beta`, `normalize_advantages`, `ppo`), or an infrastructure knob with no meaning here, accepted and reported
+once per process by name (`_IGNORED`); anything else is a TypeError that lists the valid names.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .ignored import report_ignored
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -34,6 +42,8 @@ class TrainConfig(_Strict):
 
     ART's default learning rate (5e-6) suits 3B-14B models; the embedded 135M model needs about 1e-3
     (measured: 1e-4 shows no trend in 20 steps), so the tutorials pass `learning_rate=1e-3` explicitly.
+    ART's keywords that are not fields here (`normalize_advantages`, `ppo`, GPU knobs) are resolved by
+    `resolve_train_config`; `beta` is accepted here too, as the old name of `kl_penalty_coef`.
     """
 
     learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate for the LoRA weights")
@@ -46,12 +56,65 @@ class TrainConfig(_Strict):
     epsilon_high: float | None = Field(
         None, ge=0, description="upper clip; default epsilon for ppo, 4.0 for cispo (DAPO uses 0.28 with ppo)"
     )
-    scale_rewards: bool = Field(
-        True, description="divide group advantages by the group std (False = Dr. GRPO)"
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"] = Field(
+        "token",
+        description="'token': each token's own ratio; 'sequence': GSPO (arXiv 2507.18071), the geometric mean "
+        "of the sequence's token ratios, clipped per sequence and shared by its tokens (steadier on long "
+        "completions and MoE models); 'average' / 'geometric_average': ART's mixes of the two. It matters only "
+        "off-policy (engine/trainer mismatch, rollouts from older steps). The epsilon defaults do not change with "
+        "the level (as in ART and TRL): with loss_fn='ppo' pass GSPO's epsilon=3e-4, epsilon_high=4e-4, since a "
+        "geometric-mean ratio rarely leaves [0.8, 1.2]",
     )
-    kl_penalty_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the base model; 0 skips it")
+    scale_rewards: bool = Field(
+        True,
+        description="divide group advantages by the group std (False = Dr. GRPO; ART's normalize_advantages=False)",
+    )
+    advantage_balance: float = Field(
+        0.0,
+        ge=-1,
+        le=1,
+        description="b > 0 scales negative advantages by 1 - b (1: learn only from better-than-average "
+        "trajectories), b < 0 scales positive ones by 1 + b. ART renormalises advantages afterwards; artnb does "
+        "not, so |b| also shrinks the step",
+    )
+    kl_penalty_coef: float = Field(
+        0.0,
+        ge=0,
+        validation_alias=AliasChoices("kl_penalty_coef", "beta"),
+        description="weight of the k3 KL to the base model (ART 0.3-0.4 call it beta); 0 skips the reference "
+        "forward pass. Try 0.01-0.1 if the policy drifts into degenerate text",
+    )
+    max_negative_advantage_importance_sampling_weight: float | None = Field(
+        None,
+        gt=0,
+        description="cap c on the importance ratio, r <- min(r, c), on every token as ART does; under ppo it "
+        "only changes negative-advantage tokens, whose unclipped r*A the min keeps. Set it (e.g. 2-5) when "
+        "off-policy negative samples make the loss spike",
+    )
+    mask_prob_ratio: bool = Field(
+        False,
+        description="drop tokens whose ratio leaves the clip range (no loss, no gradient) instead of clipping "
+        "their ratio (masked importance sampling)",
+    )
+    kimi_k2_tau: float | None = Field(
+        None,
+        description="Kimi K2's tau: A_t <- A_t - tau (new_t - old_t), a pull back towards the sampling policy; "
+        "leave None unless reproducing K2",
+    )
     truncated_importance_sampling: float | None = Field(
         None, gt=0, description="cap on the engine/trainer probability ratio that weights each token's loss"
+    )
+    precalculate_logprobs: bool = Field(
+        False,
+        description="before the update, recompute the old logprobs with the trainer itself (no grad, eval "
+        "mode) instead of using the engine's, so the ratio holds only the policy change and not the "
+        "engine/trainer numerical mismatch; truncated_importance_sampling then weights by trainer/engine. One "
+        "extra forward pass. A step here is one update, so the ratio is then ~1 (REINFORCE plus that weight)",
+    )
+    num_trajectories_learning_rate_multiplier_power: float = Field(
+        0.0,
+        description="multiply the step's learning rate by (trajectories trained on)^power: 0.5 is the "
+        "square-root batch-size rule (the loss is a token mean, so a bigger batch alone does not step further)",
     )
     allow_training_without_logprobs: bool = Field(
         False, description="train assistant dicts with no sampling logprobs (plain REINFORCE on those turns)"
@@ -66,6 +129,14 @@ class TrainConfig(_Strict):
         ge=16,
         description="drop longer sequences (counted in metrics); None = the model's context length",
     )
+    logprob_calculation_chunk_size: int | None = Field(
+        1024,
+        ge=1,
+        description="positions per LM-head + log_softmax chunk, so the [positions, vocab] logits never exist "
+        "whole (each chunk is recomputed in backward, ~5% more compute). Lower it if the logits run out of "
+        "memory (a large vocabulary, a long micro-batch); None computes them in one go",
+    )
+    verbose: bool = Field(False, description="print the trainer's metrics when the step's update is done")
     on_nothing_to_train: Literal["raise", "skip"] = Field(
         "raise",
         description="a batch with no trajectories, or whose sequences are all over max_seq_length: 'raise' "
@@ -73,6 +144,13 @@ class TrainConfig(_Strict):
         "in the history, still without a new checkpoint. Groups with equal rewards are not 'nothing': their "
         "step advances without an update",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_for_kl(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "beta" in data and "kl_penalty_coef" in data:
+            raise ValueError("pass kl_penalty_coef or beta (its ART 0.3-0.4 name), not both")
+        return data
 
     @field_validator("learning_rate")
     @classmethod
@@ -88,6 +166,106 @@ class TrainConfig(_Strict):
             return eps, eps if self.epsilon_high is None else self.epsilon_high
         eps = 1.0 if self.epsilon is None else self.epsilon
         return eps, 4.0 if self.epsilon_high is None else self.epsilon_high
+
+
+# ART keywords that set a TrainConfig field under another name: keyword -> the fields its value sets.
+# normalize_advantages=True leaves scale_rewards alone, as in ART; ppo is dev.TrainConfig's flag for loss_fn.
+_MAPPED: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "beta": lambda v: {"kl_penalty_coef": v},
+    "normalize_advantages": lambda v: {} if v else {"scale_rewards": False},
+    "ppo": lambda v: {"loss_fn": "ppo" if v else "cispo"},
+}
+
+_NO_REFERENCE_ADAPTER = "the KL reference is always the base model (the adapter switched off)"
+_NO_MOE = "there is no mixture-of-experts routing replay here"
+# ART keywords with no meaning here: keyword -> (values that ask for nothing artnb does not do anyway, why).
+_IGNORED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "packed_sequence_length": (
+        (None,),
+        "sequences are not packed here; each micro-batch pads its rows (TrainConfig.micro_batch_tokens)",
+    ),
+    "megatron_topology": ((None,), "there is no Megatron trainer here"),
+    "plot_tensors": ((False,), "there are no packed tensors to plot"),
+    "save_checkpoint": (
+        (True,),
+        "every step commits its checkpoint (the engine serves it, and the step is a transaction around it); "
+        "remove old ones with model.delete_checkpoints()",
+    ),
+    "optimizer_save_interval": ((5,), "optimizer.pt is saved with every checkpoint"),
+    "kl_ref_adapter_path": ((None,), _NO_REFERENCE_ADAPTER),
+    "kl_penalty_reference_step": ((None,), _NO_REFERENCE_ADAPTER),
+    "kl_penalty_source": (
+        ("current_learner",),
+        "the KL here is a k3 loss term on the learner's own logprobs; 'sample' applies to ART's "
+        "KL-shaped advantages",
+    ),
+    "kl_penalty_step_lag": ((None,), "a ServerlessBackend option"),
+    "scale_learning_rate_by_reward_std_dev": (
+        (False,),
+        "it needs a regression over the run's reward history (ART's latest LocalBackend dropped it too)",
+    ),
+    "grad_accumulation_sequences": ((None,), "a train call is one optimizer step over the whole batch"),
+    "normalize_by_length": (
+        (None, False),
+        "the loss is a token mean over the whole batch, never per sequence",
+    ),
+    "moe_routing_replay_bundle": ((None,), _NO_MOE),
+    "moe_routing_replay_path": ((None,), _NO_MOE),
+    "moe_routing_replay_strict": ((None, True), _NO_MOE),
+    "tinker_loss_fn": ((None,), "a TinkerBackend option"),
+    "tinker_loss_fn_config": ((None,), "a TinkerBackend option"),
+}
+# ART's LocalBackend raises unless these are None; so does artnb.
+_MUST_BE_NONE = {
+    "loss_fn_config": "the loss is chosen by loss_fn, epsilon and epsilon_high",
+    "adam_params": "set learning_rate, weight_decay and max_grad_norm instead",
+}
+
+
+def resolve_train_config(
+    config: TrainConfig | None, options: Mapping[str, Any], dev_config: Mapping[str, Any] | None = None
+) -> TrainConfig:
+    """The TrainConfig for one step: `config`'s explicitly set fields, overridden by `dev_config` (ART's
+    `_config`, a `dev.TrainConfig` dict), overridden by `options` (keywords to `backend.train`).
+
+    Each keyword is a TrainConfig field, an ART name for one (`beta` -> kl_penalty_coef, `normalize_advantages=
+    False` -> scale_rewards=False, `ppo` -> loss_fn), or an ART knob with no meaning here: accepted, and if its
+    value asks for something artnb does not do, reported once per process by name. `loss_fn_config` and
+    `adam_params` must be None, as in ART's LocalBackend. Unknown names raise TypeError listing the valid ones.
+
+    >>> resolve_train_config(TrainConfig(learning_rate=1e-4), {"beta": 0.05}, {"ppo": True}).loss_fn
+    'ppo'
+    """
+    values = config.model_dump(exclude_unset=True) if config is not None else {}
+    values.update(_fields_from(dev_config or {}, "_config"))
+    values.update(_fields_from(options, "keyword"))
+    return TrainConfig(**values)
+
+
+def _fields_from(given: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The TrainConfig fields that the ART keywords in `given` set; ignored knobs are reported."""
+    fields = set(TrainConfig.model_fields)
+    unknown = sorted(set(given) - fields - set(_MAPPED) - set(_IGNORED) - set(_MUST_BE_NONE))
+    if unknown:
+        where = "training option(s)" if source == "keyword" else "_config key(s)"
+        raise TypeError(
+            f"unknown {where} {unknown}; valid options: {sorted(fields)}, and ART's "
+            f"{sorted({*_MAPPED, *_IGNORED, *_MUST_BE_NONE})}"
+        )
+    out = {name: value for name, value in given.items() if name in fields}
+    for name, value in given.items():
+        if name in _MAPPED:
+            for field, mapped in _MAPPED[name](value).items():
+                if field in out and out[field] != mapped:
+                    raise ValueError(
+                        f"{name}={value!r} means {field}={mapped!r}, but {field}={out[field]!r} was given too"
+                    )
+                out[field] = mapped
+        elif name in _MUST_BE_NONE and value is not None:
+            raise ValueError(f"{name} must be None (as in ART's LocalBackend): {_MUST_BE_NONE[name]}")
+        elif name in _IGNORED and value not in _IGNORED[name][0]:
+            report_ignored(f"train({name}=...)", _IGNORED[name][1])
+    return out
 
 
 class TrainerConfig(_Strict):

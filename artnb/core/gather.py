@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
+from .ignored import report_ignored
 from .trajectory import ExceptionRecord, PendingGroup, Trajectory, TrajectoryGroup
 
 log = logging.getLogger("artnb")
@@ -59,10 +60,13 @@ class GatheredGroups(list[TrajectoryGroup]):
 class _Progress:
     """One bar and the exception budget shared by every rollout of a gather call."""
 
-    def __init__(self, total: int, desc: str, max_exceptions: int | float) -> None:
+    def __init__(
+        self, total: int, desc: str, max_exceptions: int | float, max_metrics: int | None = None
+    ) -> None:
         self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
         self.total = total
         self.max_exceptions = max_exceptions
+        self.max_metrics = max_metrics  # running means shown on the bar at most (reward first), None: all
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.exceptions = 0
@@ -96,7 +100,8 @@ class _Progress:
         self._refresh(advance=0)
 
     def _refresh(self, advance: int = 1) -> None:
-        postfix = {k: f"{self.sums[k] / self.counts[k]:.3g}" for k in self.sums}
+        keys = sorted(self.sums, key=lambda k: k != "reward")[: self.max_metrics]
+        postfix = {k: f"{self.sums[k] / self.counts[k]:.3g}" for k in keys}
         if self.exceptions:
             postfix["exceptions"] = str(self.exceptions)
         if self.after_each_failures:
@@ -199,6 +204,8 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
     after_each_errors: AfterEachErrors = "drop",
+    max_metrics: int | None = None,
+    pbar_total_completion_tokens: bool = False,
 ) -> GatheredGroups:
     """Run all groups concurrently under one progress bar and return the finished groups in input order.
 
@@ -215,6 +222,8 @@ async def gather_trajectory_groups(
         `metrics["after_each_error"] = 1` and the error in its `logs`. Either way the other groups go on, and the
         failure is logged, counted on the bar and listed in the result's `after_each_failures`.
         "raise": the exception cancels the gather and propagates (the finished groups are lost).
+    max_metrics: show at most this many running means on the bar (reward first); ART's keyword.
+    pbar_total_completion_tokens: ART's deprecated flag, accepted and reported once.
 
     Returns a `GatheredGroups`: a list of groups with `.after_each_failures` (group index and error of each).
     """
@@ -222,7 +231,12 @@ async def gather_trajectory_groups(
         raise ValueError(f"after_each_errors must be 'drop', 'keep' or 'raise', got {after_each_errors!r}")
     items = list(groups)
     total = sum(len(g) if isinstance(g, (PendingGroup, TrajectoryGroup)) else 1 for g in items)
-    progress = _Progress(total, pbar_desc, max_exceptions)
+    if pbar_total_completion_tokens:
+        report_ignored(
+            "gather_trajectory_groups(pbar_total_completion_tokens=True)",
+            "deprecated in ART too; the bar counts rollouts and shows running means",
+        )
+    progress = _Progress(total, pbar_desc, max_exceptions, max_metrics)
     failures: list[AfterEachFailure] = []
     token = _progress.set(progress)
 

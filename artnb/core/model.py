@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from .config import LoRAConfig, TrainConfig
+from .ignored import report_ignored
 from .store import RunStore, check_name
 from .trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
+
+    from .sft import TrainSFTConfig
 
 
 class NothingToTrainError(ValueError):
@@ -32,24 +36,51 @@ class TrainResult(BaseModel):
     step: int  # the new step (its checkpoint is being served)
     metrics: dict[str, Any] = Field(default_factory=dict)
     checkpoint_path: str | None = None
-    skipped: str | None = (
-        None  # why the step made no update (equal rewards, or nothing to train on), if it did not
-    )
+    skipped: str | None = None  # why the step made no update (equal rewards, nothing to train on), if so
 
 
-class Model(BaseModel):
-    """A model behind any OpenAI-compatible endpoint (a hosted API, a local server): evaluated, not trained."""
+ModelConfig = TypeVar("ModelConfig", bound=BaseModel | None)
+
+
+@dataclass
+class _TrainedBatch:
+    """The groups the newest step trained on, so that ART's `model.log(groups, split="train", step=result.step)`
+    after `backend.train` merges into that step's record instead of recording the batch a second time."""
+
+    groups: list[TrajectoryGroup]
+    steps: tuple[int, int]  # the policy step that produced them and the step the training made
+    commit: str
+    row: dict[str, Any]
+
+
+class Model(BaseModel, Generic[ModelConfig]):
+    """A model behind any OpenAI-compatible endpoint (a hosted API, a local server): evaluated, not trained.
+
+    `config` holds your own settings for the rollout (any pydantic model; `art.Model[MyConfig]` in type hints),
+    saved with the run. Example, a comparison model:
+        gpt = art.Model(name="gpt-4.1-mini", project="tic-tac-toe", inference_model_name="gpt-4.1-mini",
+                        inference_base_url="https://api.openai.com/v1", inference_api_key=os.environ["OPENAI_API_KEY"])
+        await gpt.register(backend)          # logs go to the backend's path next to the trained model
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     name: str
     project: str = "default"
+    config: ModelConfig | None = None
     inference_base_url: str | None = None
     inference_api_key: str | None = Field(None, repr=False)  # never in reprs, logs or model.json
     inference_model_name: str | None = None
     base_path: str = "./.art"
     trainable: bool = False
+    # W&B identity fields of ART 0.5 (W&B itself is not integrated yet: they are stored, not used)
+    entity: str | None = None
+    id: str | None = None
+    run_id: str | None = None
+    report_metrics: list[str] | None = None
+    _backend: Any = PrivateAttr(default=None)
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
+    _trained: _TrainedBatch | None = PrivateAttr(default=None)
 
     @field_validator("name", "project")
     @classmethod
@@ -79,6 +110,29 @@ class Model(BaseModel):
             )
             self._client_key = key
         return self._openai_client
+
+    async def register(self, backend: Any) -> None:
+        """Attach this model to `backend`: a TrainableModel starts serving (engine, checkpoint resume); any model
+        then logs into the backend's run directory (`backend.path`)."""
+        if self.config is not None:
+            try:
+                self.config.model_dump_json()
+            except Exception as error:
+                raise ValueError(
+                    f"model {self.name!r}: its config cannot be saved as JSON ({error}); use JSON-friendly "
+                    "field types (str, numbers, lists, dicts, nested pydantic models)"
+                ) from error
+        for field in ("entity", "id", "run_id", "report_metrics"):
+            if getattr(self, field) is not None:
+                report_ignored(f"Model.{field}", "it names a W&B run, and W&B logging is not integrated yet")
+        previous = (self._backend, self.base_path)
+        self._backend = backend
+        self.base_path = str(backend.path)
+        try:
+            await backend.register(self)
+        except BaseException:
+            self._backend, self.base_path = previous
+            raise
 
     def _http_client(self):
         return None
@@ -116,17 +170,34 @@ class Model(BaseModel):
     ) -> dict[str, Any]:
         """Record rewards and metrics (history.jsonl) and the trajectories (parquet) for a split and step.
 
-        Returns the history row written.
+        `trajectories` may hold groups, trajectories and exceptions (failed rollouts, counted in exception_rate).
+        Logging the batch the newest training step trained on (ART's loop: `model.log(groups, split="train",
+        metrics=result.metrics, step=result.step)`) adds only metrics that step's record lacks: `train()`
+        recorded the batch already. Returns the history row.
         """
-        step = await self.get_step() if step is None else step
         groups = _as_groups(trajectories)
+        metric_row = {k if "/" in k else f"{split}/{k}": v for k, v in (metrics or {}).items()}
+        trained = self._trained
+        if split == "train" and trained is not None and _same_groups(groups, trained.groups):
+            if step is None or step in trained.steps:
+                return self._merge_into_trained(trained, metric_row)
+        step = await self.get_step() if step is None else step
         row: dict[str, Any] = {"step": step, "split": split}
         row.update({f"{split}/{k}": v for k, v in summarize_groups(groups).items()})
-        row.update({k if "/" in k else f"{split}/{k}": v for k, v in (metrics or {}).items()})
+        row.update(metric_row)
         if groups:
             self.store.write_trajectories(split, step, groups)
         self.store.append_history(row)
         return row
+
+    def _merge_into_trained(self, trained: _TrainedBatch, metrics: dict[str, Any]) -> dict[str, Any]:
+        new = {k: v for k, v in metrics.items() if k not in trained.row}
+        if new:
+            self.store.append_history(
+                {"step": trained.steps[0], "split": "train", "commit": trained.commit, **new}
+            )
+            trained.row.update(new)
+        return dict(trained.row)
 
     def history(self):
         """The logged history as a pandas DataFrame (one row per log call)."""
@@ -142,24 +213,36 @@ class Model(BaseModel):
         self.store.write_state(_deep_merge(self.store.read_state(), state))
 
 
-class TrainableModel(Model):
-    """A model whose LoRA adapter a backend trains. `await model.register(backend)` starts serving it."""
+class TrainableModel(Model[ModelConfig]):
+    """A model whose LoRA adapter a backend trains. `await model.register(backend)` starts serving it.
+
+    `base_model`: a Hugging Face id or path, `art.models.DEFAULT` (the embedded SmolLM2-135M), or a LoRA adapter
+    directory (e.g. one SFT wrote) to start from. ART's `_internal_config=art.dev.InternalModelConfig(...)` (or
+    assigning `model._internal_config`) and `lora_config=art.dev.LoRAConfig(...)` are accepted; what they mean
+    here is decided in artnb/dev/settings.py.
+    """
 
     trainable: bool = True
     base_model: str
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
-    _backend: Any = PrivateAttr(default=None)
+    _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
 
-    async def register(self, backend: Any) -> None:
-        """Start serving this model on `backend` (engine start, checkpoint resume); fills the inference_* fields."""
-        previous = (self._backend, self.base_path)
-        self._backend = backend
-        self.base_path = str(backend.path)
-        try:
-            await backend.register(self)
-        except BaseException:
-            self._backend, self.base_path = previous
-            raise
+    def __init__(
+        self,
+        *,
+        _internal_config: Mapping[str, Any] | None = None,
+        lora_config: Mapping[str, Any] | None = None,
+        **data: Any,
+    ) -> None:
+        if lora_config is not None:
+            if "lora" in data:
+                raise ValueError("pass either lora= (artnb's LoRAConfig) or lora_config= (ART's), not both")
+            from ..dev.settings import resolve_internal_config
+
+            lora = resolve_internal_config({"lora_config": lora_config}, on_cuda=False).lora
+            data["lora"] = LoRAConfig(**lora)
+        super().__init__(**data)
+        self._internal_config = dict(_internal_config) if _internal_config is not None else None
 
     def _require_backend(self):
         if self._backend is None:
@@ -179,10 +262,43 @@ class TrainableModel(Model):
         return self._require_backend().get_step(self)
 
     async def train(
-        self, trajectory_groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, **options: Any
+        self,
+        trajectory_groups: Sequence[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+        **options: Any,
     ) -> TrainResult:
-        """One GRPO step on the groups; inference waits meanwhile and then serves the new adapter."""
+        """One GRPO step on the groups; inference waits meanwhile and then serves the new adapter.
+
+        `_config` is ART's `art.dev.TrainConfig` dict of training keywords; `verbose` prints the step's metrics.
+        """
+        if _config is not None:
+            options["_config"] = _config
+        if verbose:
+            options["verbose"] = True
         return await self._require_backend().train(self, trajectory_groups, config=config, **options)
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> TrainResult:
+        """Supervised fine-tuning on the trajectories' assistant turns (one optimizer step per `batch_size`
+        trajectories), committed as one step; inference waits meanwhile and then serves the new adapter.
+
+        >>> await model.train_sft(trajectories, art.TrainSFTConfig(batch_size=4))
+
+        `_config` is a dict of TrainSFTConfig fields (ART's experimental `dev.TrainSFTConfig`); `verbose` prints
+        a summary. Returns the TrainResult (ART returns None). For a JSONL file or a learning-rate schedule see
+        `artnb.utils.sft.train_sft_from_file` and `create_sft_dataset_iterator`.
+        """
+        options: dict[str, Any] = {"verbose": verbose}
+        if _config is not None:
+            options["_config"] = _config
+        return await self._require_backend().train_sft(self, trajectories, config, **options)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete every checkpoint except the latest and the one with the best mean `best_checkpoint_metric`."""
@@ -228,10 +344,14 @@ def _as_groups(trajectories: Any) -> list[TrajectoryGroup]:
         return [trajectories]
     items = list(trajectories)
     groups = [x for x in items if isinstance(x, TrajectoryGroup)]
-    loose = [x for x in items if isinstance(x, Trajectory)]
+    loose = [x for x in items if isinstance(x, (Trajectory, BaseException))]
     if loose:
         groups.append(TrajectoryGroup(loose))
     return groups
+
+
+def _same_groups(a: list[TrajectoryGroup], b: list[TrajectoryGroup]) -> bool:
+    return len(a) == len(b) > 0 and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def summarize_groups(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:

@@ -197,9 +197,7 @@ class RunStore:
 
         def write_all(tmp: Path) -> None:
             if write is None:
-                for f in source.iterdir():
-                    if f.is_file() and f.name not in (COMMIT_FILE, PENDING_ROLLOUTS):
-                        shutil.copy2(f, tmp / f.name)
+                copy_checkpoint_files(source, tmp)
             else:
                 write(tmp)
             rollouts.to_parquet(tmp / PENDING_ROLLOUTS, index=False)
@@ -280,8 +278,20 @@ class RunStore:
         append_line(self.history_path, json.dumps(_clean_row(row), default=str))
 
     def history(self) -> pd.DataFrame:
-        """All history rows as a DataFrame (empty if nothing was logged). Damaged lines are skipped with a warning."""
-        rows = self._history_rows(warn=True)
+        """All history rows as a DataFrame (empty if nothing was logged). Damaged lines are skipped with a warning.
+
+        Rows that share a commit id (metrics `model.log` added to a trained step later) form one row.
+        """
+        rows: list[dict[str, Any]] = []
+        by_commit: dict[str, dict[str, Any]] = {}
+        for row in self._history_rows(warn=True):
+            commit = row.get("commit")
+            if commit is None or commit not in by_commit:
+                rows.append(row)
+                if commit is not None:
+                    by_commit[commit] = row
+            else:
+                by_commit[commit].update({k: v for k, v in row.items() if k not in by_commit[commit]})
         return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["step", "split"])
 
     def _history_rows(self, warn: bool) -> list[dict[str, Any]]:
@@ -339,6 +349,13 @@ class RunStore:
 
     def write_state(self, state: dict[str, Any]) -> None:
         write_atomic(self.state_path, json.dumps(state, indent=1, default=str))
+
+
+def copy_checkpoint_files(src: Path, dst: Path) -> None:
+    """A checkpoint's adapter and optimizer state, without its commit record and pending rollouts."""
+    for f in src.iterdir():
+        if f.is_file() and f.name not in (COMMIT_FILE, PENDING_ROLLOUTS):
+            shutil.copy2(f, dst / f.name)
 
 
 class RunLock:

@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Message = dict[str, Any]
 MessageOrChoice = Message | Choice
+# ART's names for the same types (`art.Messages`, `art.MessagesAndChoices`, `art.Tools`)
+Messages = list[Message]
+MessagesAndChoices = list[MessageOrChoice]
+Tools = list[dict[str, Any]]
 
 
 def _as_item(item: Any) -> MessageOrChoice:
@@ -163,7 +167,7 @@ class TrajectoryGroup(BaseModel):
             )
         if "trajectories" in kwargs:
             trajs = list(kwargs.pop("trajectories")) + trajs
-        errors = list(kwargs.pop("exceptions", [])) + errors
+        errors = [_as_record(e) for e in kwargs.pop("exceptions", [])] + errors
         super().__init__(trajectories=trajs, exceptions=errors, **kwargs)
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
@@ -177,6 +181,15 @@ class TrajectoryGroup(BaseModel):
 
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+
+def _as_record(error: Any) -> ExceptionRecord:
+    """`exceptions=[...]` may hold raw exceptions (as in ART) or records (as read back from disk)."""
+    return (
+        ExceptionRecord.of(error)
+        if isinstance(error, BaseException)
+        else ExceptionRecord.model_validate(error)
+    )
 
 
 class PendingGroup:

@@ -3,6 +3,7 @@
 import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -262,3 +263,178 @@ def test_bad_inputs_raise(tiny):
     too_long.logprobs = [math.nan] * len(too_long.token_ids)
     with pytest.raises(ValueError, match="context length"):
         trainer.train([too_long], config)
+
+
+# --- ART's training knobs -------------------------------------------------------------------------------------
+
+
+def with_engine_logprobs(
+    trainer: PeftTrainer, sequences: list[TokenizedSequence], shift
+) -> list[TokenizedSequence]:
+    """Copies whose sampling logprobs are the trainer's own (adapter on, eval mode) minus shift(i, j) on the mask."""
+    own = trainer.token_logprobs([s.token_ids for s in sequences])
+    return [
+        replace(
+            seq,
+            logprobs=[
+                lp - shift(i, j) if m else math.nan
+                for j, (lp, m) in enumerate(zip(lps, seq.assistant_mask, strict=True))
+            ],
+        )
+        for i, (seq, lps) in enumerate(zip(sequences, own, strict=True))
+    ]
+
+
+def test_chunked_logprobs_equal_the_one_shot_ones(tiny):
+    trainer = PeftTrainer(tiny, LORA)
+    trainer.train(make_sequences(4, seed=10), TrainConfig(learning_rate=1e-2), progress=False)  # lora_B != 0
+    batch = trainer._micro_batches(make_sequences(4, seed=11), 4096)[0]
+    assert batch.targets.numel() > 3 * 7
+    for adapter in (True, False):
+        one_shot = trainer._logprobs(batch, adapter=adapter)
+        chunked = trainer._logprobs(batch, adapter=adapter, chunk_size=7)
+        torch.testing.assert_close(chunked, one_shot, atol=1e-6, rtol=0)
+    assert trainer._chunkable
+
+    # a whole step: the same gradient (each chunk is recomputed in backward)
+    gradients = []
+    for chunk in (None, 7):
+        fresh = PeftTrainer(tiny, LORA)
+        fresh.train(make_sequences(4, seed=10), TrainConfig(learning_rate=1e-2), progress=False)
+        steps = capture_gradients(fresh)
+        config = TrainConfig(learning_rate=1e-2, max_grad_norm=100.0, logprob_calculation_chunk_size=chunk)
+        fresh.train(make_sequences(4, seed=11), config, progress=False)
+        gradients.append(steps[0])
+    assert_same(gradients[0], gradients[1], atol=1e-6)
+
+
+def test_chunking_keeps_no_full_logits_for_backward(tiny):
+    """What backward keeps alive: one-shot, the [rows, positions, vocab] log_softmax; chunked, no vocab-wide
+    tensor at all outside the checkpointed chunks (those are recomputed, one at a time)."""
+    trainer = PeftTrainer(tiny, LORA)
+    batch = trainer._micro_batches(make_sequences(4, seed=11), 4096)[0]
+    vocab = trainer.model.get_output_embeddings().weight.shape[0]
+    largest = {}
+    for chunk in (None, 16):
+        sizes = []
+
+        def pack(tensor, sizes=sizes):
+            if tensor.dim() and tensor.shape[-1] == vocab:
+                sizes.append(tensor.numel())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            trainer._logprobs(batch, chunk_size=chunk).sum().backward()
+        largest[chunk] = max(sizes, default=0)
+    assert largest[None] >= batch.targets.numel() * vocab
+    assert largest[16] == 0
+
+
+def test_chunking_falls_back_when_logits_are_soft_capped(tmp_path, monkeypatch):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from artnb.core import ignored
+
+    monkeypatch.setattr(ignored, "_reported", set())
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5,
+    )  # fmt: skip
+    Gemma2ForCausalLM(config).save_pretrained(tmp_path)
+    trainer = PeftTrainer(str(tmp_path), LORA)
+    sequences = make_sequences(2)
+    for seq in sequences:
+        seq.token_ids = [t % 512 for t in seq.token_ids]
+    batch = trainer._micro_batches(sequences, 4096)[0]
+    with pytest.warns(UserWarning, match="logprob_calculation_chunk_size.*Gemma2ForCausalLM"):
+        chunked = trainer._logprobs(batch, chunk_size=4)
+    assert trainer._chunkable is False
+    torch.testing.assert_close(chunked, trainer._logprobs(batch), atol=0, rtol=0)
+
+
+def test_precalculate_logprobs_takes_the_old_logprobs_from_the_trainer(tiny):
+    config = TrainConfig(learning_rate=1e-2, max_grad_norm=100.0)
+    trainers = [PeftTrainer(tiny, LORA) for _ in range(2)]
+    for trainer in trainers:  # the same non-zero adapter in both, so "adapter on" matters
+        trainer.train(make_sequences(4, seed=12), config, progress=False)
+    sequences = make_sequences(4, seed=13)
+    engine = with_engine_logprobs(trainers[0], sequences, lambda i, j: 0.5)  # the engine is off by 0.5
+    exact = with_engine_logprobs(trainers[1], sequences, lambda i, j: 0.0)  # an engine that matches exactly
+    steps = [capture_gradients(t) for t in trainers]
+    precalculated = trainers[0].train(
+        engine, config.model_copy(update={"precalculate_logprobs": True}), progress=False
+    )
+    reference = trainers[1].train(exact, config, progress=False)
+    assert_same(steps[0][0], steps[1][0])
+    assert precalculated["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert precalculated["logprob_mismatch"] == pytest.approx(0.5, abs=1e-4)  # still against the engine's
+    assert precalculated["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+
+    # truncated IS then weights by trainer / engine = exp(0.5) = 1.65, capped at 1.2: the loss scales by 1.2
+    engine = with_engine_logprobs(trainers[0], sequences, lambda i, j: 0.5)
+    precalc = config.model_copy(update={"precalculate_logprobs": True})
+    plain = trainers[0].train(engine, precalc, progress=False)
+    weighted = trainers[1].train(
+        engine, precalc.model_copy(update={"truncated_importance_sampling": 1.2}), progress=False
+    )
+    assert weighted["loss"] == pytest.approx(1.2 * plain["loss"], rel=1e-4)
+
+
+def test_sequence_level_ratio_is_per_sequence_across_micro_batches(tiny):
+    shifts = [0.05, -0.1, 0.15, -0.05]  # one ratio exp(shift) for all the tokens of a sequence
+    sequences = make_sequences(4, seed=14)
+    gradients = {}
+    for level, budget, shift in [
+        ("token", 4096, lambda i, j: shifts[i]),
+        ("sequence", 4096, lambda i, j: shifts[i]),
+        ("sequence", 64, lambda i, j: shifts[i]),
+        ("sequence", 4096, lambda i, j: 0.15 if j % 2 else -0.15),  # token ratios 1.16 / 0.86, mean ~1
+    ]:
+        trainer = PeftTrainer(tiny, LORA)
+        trainer.train(make_sequences(4, seed=15), TrainConfig(learning_rate=1e-2), progress=False)
+        batch = with_engine_logprobs(trainer, sequences, shift)
+        config = TrainConfig(
+            learning_rate=1e-2, loss_fn="ppo", max_grad_norm=100.0, micro_batch_tokens=budget,
+            importance_sampling_level=level,
+        )  # fmt: skip
+        steps = capture_gradients(trainer)
+        metrics = trainer.train(batch, config, progress=False)
+        gradients[len(gradients)] = steps[0]
+        if len(gradients) == 3:
+            assert metrics["num_micro_batches"] >= 2
+    assert_same(gradients[0], gradients[1])  # equal ratios within each sequence: the levels agree
+    assert_same(gradients[1], gradients[2])  # and a sequence's ratio does not depend on the micro-batching
+    with pytest.raises(AssertionError):
+        assert_same(gradients[0], gradients[3])
+
+
+def test_verbose_prints_the_steps_metrics(tiny, capsys):
+    trainer = PeftTrainer(tiny, LORA)
+    trainer.train(make_sequences(2), TrainConfig(learning_rate=1e-2), progress=False)
+    assert "artnb train" not in capsys.readouterr().out
+    trainer.train(make_sequences(2), TrainConfig(learning_rate=1e-2, verbose=True), progress=False)
+    out = capsys.readouterr().out
+    assert out.startswith("artnb train: loss=") and "grad_norm=" in out and "learning_rate=0.01" in out
+
+
+def test_advantage_balance_and_the_trajectory_count_learning_rate(tiny):
+    sequences = make_sequences(4, seed=16)  # advantages -1, +1, -1, +1
+    without_negatives = [replace(s, advantage=max(s.advantage, 0.0)) for s in sequences]
+    gradients, metrics = [], []
+    for batch, options in [
+        (sequences, {"advantage_balance": 1.0, "num_trajectories_learning_rate_multiplier_power": 0.5}),
+        (without_negatives, {}),
+    ]:
+        trainer = PeftTrainer(tiny, LORA)
+        trainer.train(make_sequences(4, seed=17), TrainConfig(learning_rate=1e-2), progress=False)
+        steps = capture_gradients(trainer)
+        metrics.append(
+            trainer.train(
+                batch, TrainConfig(learning_rate=1e-2, max_grad_norm=100.0, **options), progress=False
+            )
+        )
+        gradients.append(steps[0])
+    assert_same(gradients[0], gradients[1])  # b = 1: negative advantages count for nothing
+    assert metrics[0]["learning_rate"] == pytest.approx(1e-2 * 4**0.5)  # 4 trajectories, power 0.5
+    assert metrics[1]["learning_rate"] == 1e-2

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from artnb.core.grpo import group_advantages, policy_loss
+from artnb.core.grpo import balance_advantage, group_advantages, importance_ratio, policy_loss
 
 NAN = float("nan")
 
@@ -261,3 +261,262 @@ def test_equal_float_rewards_give_exact_zero_advantages():
     # the mean of [0.1, 0.1, 0.1] rounds to 0.1000000000000000055..., which must not leave a ~1e-11 signal
     assert group_advantages([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]
     assert group_advantages([0.1, 0.1, 0.1], scale_rewards=False) == [0.0, 0.0, 0.0]
+
+
+# --- importance-sampling level (GSPO, arXiv 2507.18071) -------------------------------------------------------
+
+
+def test_importance_ratio_levels_by_hand():
+    d = row([math.log(2.0), math.log(8.0)])
+    both = torch.tensor([[True, True]])
+    # token ratios 2 and 8; their geometric mean is sqrt(16) = 4
+    assert importance_ratio(d, both, "token")[0].tolist() == pytest.approx([2, 8])
+    assert importance_ratio(d, both, "sequence")[0].tolist() == pytest.approx([4, 4])
+    assert importance_ratio(d, both, "average")[0].tolist() == pytest.approx([(2 + 4) / 2, (8 + 4) / 2])
+    assert importance_ratio(d, both, "geometric_average")[0].tolist() == pytest.approx([8**0.5, 32**0.5])
+    # only selected tokens enter the mean: the second token alone gives exp(ln 8) = 8
+    assert importance_ratio(d, torch.tensor([[False, True]]), "sequence")[0, 1].item() == pytest.approx(8)
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        importance_ratio(d, both, "group")
+
+
+def test_gspo_ppo_clips_whole_sequences():
+    # row 0: d = [0.1, 0.3] -> s = exp(0.2) = 1.221403 > 1.2, A = +1 -> clipped: L = -1.2 on both tokens, no gradient
+    # row 1: d = [-0.1, 0, -0.2] -> s = exp(-0.1) = 0.904837, A = -1 -> unclipped: L = +0.904837 on each token
+    new = [[-1.0, -2.0, -float("inf")], [-0.5, -1.0, -1.5]]
+    old = [[-1.1, -2.3, NAN], [-0.4, -1.0, -1.3]]
+    new_t = torch.tensor(new, dtype=torch.float64, requires_grad=True)
+    loss, metrics = policy_loss(
+        new_t,
+        torch.tensor(old, dtype=torch.float64),
+        torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64),
+        torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        loss_fn="ppo",
+        epsilon=0.2,
+        epsilon_high=0.2,
+        importance_sampling_level="sequence",
+    )
+    s1 = math.exp(-0.1)
+    assert loss.item() == pytest.approx((-1.2 * 2 + s1 * 3) / 5)
+    loss.backward()
+    # row 1: each of its 3 terms -A s has d/dnew_t = -A s / 3, so dL/dnew_t = 3 * s / 3 = s, over the denominator 5
+    assert new_t.grad[0].tolist() == [0.0, 0.0, 0.0]
+    assert new_t.grad[1].tolist() == pytest.approx([s1 / 5] * 3)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 5)
+    assert metrics["ratio_mean"] == pytest.approx((2 * math.exp(0.2) + 3 * s1) / 5)
+
+
+def test_gspo_with_the_papers_tiny_epsilons():
+    # epsilon 3e-4, epsilon_high 4e-4 -> range [0.9997, 1.0004]; d = [1e-4, 9e-4], A = +1
+    new = [-1.0, -2.0]
+    old = row([-1.0 - 1e-4, -2.0 - 9e-4])
+    args = dict(loss_fn="ppo", epsilon=3e-4, epsilon_high=4e-4)
+    seq_new, tok_new = leaf(new), leaf(new)
+    seq, _ = policy_loss(seq_new, old, row([1, 1]), row([1, 1]), importance_sampling_level="sequence", **args)
+    tok, _ = policy_loss(tok_new, old, row([1, 1]), row([1, 1]), **args)
+    # sequence: s = exp(5e-4) = 1.000500 > 1.0004 -> both tokens clipped, L = -1.0004 each, no gradient
+    assert seq.item() == pytest.approx(-1.0004, abs=1e-12)
+    # token: r = 1.000100 stays (gradient -r / 2), r = 1.000900 is clipped to 1.0004
+    assert tok.item() == pytest.approx(-(math.exp(1e-4) + 1.0004) / 2, abs=1e-12)
+    seq.backward()
+    tok.backward()
+    assert seq_new.grad[0].tolist() == [0.0, 0.0]
+    assert tok_new.grad[0].tolist() == pytest.approx([-math.exp(1e-4) / 2, 0.0])
+
+
+def test_gspo_cispo_weights_the_sequence_by_its_clipped_geometric_mean_ratio():
+    new = [-1.0, -0.5]
+    old = old_for_ratios(new, [2.0, 8.0])
+    seq_new, tok_new = leaf(new), leaf(new)
+    args = dict(epsilon=1.0, epsilon_high=4.0)
+    seq, metrics = policy_loss(
+        seq_new, old, row([1, 1]), row([1, 1]), importance_sampling_level="sequence", **args
+    )
+    tok, _ = policy_loss(tok_new, old, row([1, 1]), row([1, 1]), **args)
+    # sequence: weight 4 on both: L = -4 * 1 * (-1) = 4 and -4 * (-0.5) = 2 -> mean 3; gradient -4 / 2
+    assert seq.item() == pytest.approx(3.0)
+    # token: weights 2 and min(8, 5) = 5: L = 2 and 2.5 -> mean 2.25
+    assert tok.item() == pytest.approx(2.25)
+    seq.backward()
+    tok.backward()
+    assert seq_new.grad[0].tolist() == pytest.approx([-2.0, -2.0])
+    assert tok_new.grad[0].tolist() == pytest.approx([-1.0, -2.5])
+    assert metrics["clip_fraction"] == 0.0
+    # a sequence with ratios 4 and 16 has s = 8, clipped to 5 for both tokens: L = -5 * 1 * new
+    clipped, metrics = policy_loss(
+        leaf(new),
+        old_for_ratios(new, [4.0, 16.0]),
+        row([1, 1]),
+        row([1, 1]),
+        importance_sampling_level="sequence",
+        **args,
+    )
+    assert clipped.item() == pytest.approx((5 * 1.0 + 5 * 0.5) / 2)
+    assert metrics["clip_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("loss_fn", ["ppo", "cispo"])
+def test_token_and_sequence_levels_agree_when_a_sequences_ratios_are_equal(loss_fn):
+    new = [[-1.0, -0.2, -3.0], [-0.7, -1.4, -2.0], [-0.1, -0.9, -0.3]]
+    ratios = [[1.5, 1.5, 1.5], [0.7, 0.7, 1.0], [1.05, 1.05, 1.05]]  # row 1's last token is padding
+    old = torch.tensor(
+        [[n - math.log(r) for n, r in zip(a, b, strict=True)] for a, b in zip(new, ratios, strict=True)]
+    )
+    adv = torch.tensor([[0.8] * 3, [-1.3] * 3, [-0.4] * 3])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    results = []
+    for level in ("token", "sequence", "average", "geometric_average"):
+        new_t = torch.tensor(new, requires_grad=True)
+        loss, metrics = policy_loss(
+            new_t,
+            old,
+            adv,
+            mask,
+            loss_fn=loss_fn,
+            epsilon=0.2,
+            epsilon_high=0.28,
+            importance_sampling_level=level,
+        )
+        loss.backward()
+        results.append((loss.item(), new_t.grad.flatten().tolist(), metrics["clip_fraction"]))
+    for loss, grad, clip in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-6)
+        assert grad == pytest.approx(results[0][1], rel=1e-5, abs=1e-7)
+        assert clip == results[0][2]
+
+
+@pytest.mark.parametrize("loss_fn", ["ppo", "cispo"])
+def test_sequence_level_gradient_raises_positive_and_lowers_negative_sequences(loss_fn):
+    new = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -0.8]]
+    old = torch.tensor([[-1.05, -1.9, -0.5], [-0.35, -1.2, -0.7]])  # sequence ratios within the clip range
+    adv = torch.tensor([[1.0] * 3, [-1.0] * 3])
+    new_t = torch.tensor(new, requires_grad=True)
+    loss, metrics = policy_loss(
+        new_t,
+        old,
+        adv,
+        torch.ones(2, 3),
+        loss_fn=loss_fn,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        importance_sampling_level="sequence",
+    )
+    loss.backward()
+    assert metrics["clip_fraction"] == 0.0
+    assert (new_t.grad[0] < 0).all()  # descent raises every logprob of the positive sequence
+    assert (new_t.grad[1] > 0).all()  # and lowers those of the negative one
+    # under ppo every token of a sequence gets -A s / denominator (|o| terms, each with ds/dnew_t = s / |o|)
+    if loss_fn == "ppo":
+        s0 = math.exp((0.05 - 0.1 + 0.0) / 3)
+        assert new_t.grad[0].tolist() == pytest.approx([-s0 / 6] * 3)
+    stepped, _ = policy_loss(
+        (new_t - 0.1 * new_t.grad).detach(),
+        old,
+        adv,
+        torch.ones(2, 3),
+        loss_fn=loss_fn,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        importance_sampling_level="sequence",
+    )
+    if loss_fn == "ppo":  # cispo's value is not its objective (the weight is a constant); ppo's is
+        assert stepped.item() < loss.item()
+
+
+# --- ART's other ratio knobs ----------------------------------------------------------------------------------
+
+
+def test_max_negative_advantage_importance_sampling_weight_caps_the_ratio():
+    new = [-1.0, -1.0]
+    old = old_for_ratios(new, [3.0, 3.0])
+    args = dict(loss_fn="ppo", epsilon=0.2, epsilon_high=0.2)
+    # A = -1, r = 3: L = -min(-3, -1.2) = 3; A = +1, r = 3: L = -min(3, 1.2) = -1.2
+    plain, _ = policy_loss(leaf(new), old, row([-1, 1]), row([1, 1]), **args)
+    assert plain.item() == pytest.approx((3 - 1.2) / 2)
+    # cap 2: the negative token's r becomes 2 (L = 2); the positive one stays clipped at 1.2
+    capped, _ = policy_loss(
+        leaf(new),
+        old,
+        row([-1, 1]),
+        row([1, 1]),
+        max_negative_advantage_importance_sampling_weight=2.0,
+        **args,
+    )
+    assert capped.item() == pytest.approx((2 - 1.2) / 2)
+
+
+@pytest.mark.parametrize("loss_fn", ["ppo", "cispo"])
+def test_mask_prob_ratio_drops_tokens_outside_the_range(loss_fn):
+    new = [-1.0, -1.0]
+    new_t = leaf(new)
+    loss, metrics = policy_loss(
+        new_t,
+        old_for_ratios(new, [1.5, 1.1]),
+        row([1, 1]),
+        row([1, 1]),
+        loss_fn=loss_fn,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        mask_prob_ratio=True,
+    )
+    # r = 1.5 lies outside [0.8, 1.2] -> the token is dropped: L = 0 and no gradient (clipping would give
+    # cispo a weight of 1.2); r = 1.1: ppo L = -1.1, cispo L = -1.1 * 1 * (-1) = 1.1
+    assert loss.item() == pytest.approx((-1.1 if loss_fn == "ppo" else 1.1) / 2)
+    loss.backward()
+    assert new_t.grad[0, 0].item() == 0.0
+    assert new_t.grad[0, 1].item() == pytest.approx(-1.1 / 2)
+    assert metrics["clip_fraction"] == 0.5
+
+
+def test_kimi_k2_tau_shifts_the_advantage():
+    new = [-1.0]
+    # d = 0.5, tau = 0.2: A = 1 - 0.2 * 0.5 = 0.9; cispo weight exp(0.5) = 1.648721: L = -1.648721 * 0.9 * (-1)
+    loss, _ = policy_loss(
+        leaf(new), row([-1.5]), row([1.0]), row([1.0]), epsilon=1.0, epsilon_high=4.0, kimi_k2_tau=0.2
+    )
+    assert loss.item() == pytest.approx(math.exp(0.5) * 0.9)
+
+
+def test_truncated_importance_sampling_with_precalculated_old_logprobs():
+    # old = the trainer's own logprobs (ratio 1); the engine sampled at old - ln 3, unknown, and old + ln 2
+    new = [-1.0, -1.0, -1.0]
+    sampling = row([-1.0 - math.log(3.0), NAN, -1.0 + math.log(2.0)])
+    loss, metrics = policy_loss(
+        leaf(new),
+        row(new),
+        row([1, 1, 1]),
+        row([1, 1, 1]),
+        epsilon=1.0,
+        epsilon_high=4.0,
+        truncated_importance_sampling=2.0,
+        sampling_logprobs=sampling,
+    )
+    # cispo terms -1 * 1 * (-1) = 1; weights min(3, 2) = 2, 1 (no engine logprob), min(0.5, 2) = 0.5
+    assert loss.item() == pytest.approx((2 + 1 + 0.5) / 3)
+    assert metrics["ratio_mean"] == 1.0
+
+
+def test_truncated_importance_sampling_at_sequence_level_uses_the_sequence_ratio():
+    new = [-1.0, -1.0]
+    loss, _ = policy_loss(
+        leaf(new),
+        old_for_ratios(new, [2.0, 8.0]),
+        row([1, 1]),
+        row([1, 1]),
+        epsilon=1.0,
+        epsilon_high=4.0,
+        importance_sampling_level="sequence",
+        truncated_importance_sampling=3.0,
+    )
+    # s = 4 on both tokens: cispo L = 4 * 1 = 4 each, times min(4, 3) = 3
+    assert loss.item() == pytest.approx(12.0)
+
+
+def test_balance_advantage_by_hand():
+    assert balance_advantage(-2.0, 0.25) == -1.5  # negative scaled by 1 - 0.25
+    assert balance_advantage(2.0, 0.25) == 2.0
+    assert balance_advantage(2.0, -0.5) == 1.0  # positive scaled by 1 - 0.5
+    assert balance_advantage(-2.0, -0.5) == -2.0
+    assert balance_advantage(-2.0, 1.0) == 0.0  # b = 1: only better-than-average trajectories teach
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        balance_advantage(1.0, 1.5)

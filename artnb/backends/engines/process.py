@@ -261,8 +261,12 @@ class ServerEngine:
         self._process.start()
 
     async def stop(self) -> None:
+        await asyncio.to_thread(self.stop_now)
+
+    def stop_now(self) -> None:
+        """Stop the server from synchronous code (blocks up to the grace period); safe to call twice."""
         if self._process:
-            await asyncio.to_thread(self._process.stop)
+            self._process.stop()
 
     async def __aenter__(self):
         await self.start()

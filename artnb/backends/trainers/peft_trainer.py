@@ -7,6 +7,13 @@ Design choices, and why:
 - Logits are computed only at positions whose next token is trainable (`logits_to_keep` with the positions the
   micro-batch needs), then log_softmax + gather. On the embedded 135M model with half the tokens trainable this
   is ~2x faster than full logits, and log_softmax + gather beat `cross_entropy(reduction="none")` on this CPU.
+- `logprob_calculation_chunk_size` (ART's knob): the decoder's hidden states go through the LM head and
+  log_softmax that many positions at a time, each chunk checkpointed (recomputed in backward), so at most one
+  chunk of [positions, vocab] logits is alive. Models whose logits are more than the output embedding of the
+  decoder's hidden states (soft-capping, logit scaling) are found by one check on a few tokens and keep the
+  one-shot path.
+- `precalculate_logprobs`: the old logprobs come from a no-grad, eval-mode pass of the trainer itself before the
+  update; the engine's are kept for the mismatch metric and truncated importance sampling.
 - fp32 on the CPU (bf16 backward is ~35x slower there), bf16 weights on CUDA with fp32 LoRA weights and loss.
 - AdamW betas (0.9, 0.99) as ART uses for RL: the second moment adapts within ~100 steps. The optimizer lives as
   long as the trainer, so its state carries over between steps and into `optimizer.pt` checkpoints.
@@ -22,14 +29,16 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from ...core import grpo
 from ...core.config import LoRAConfig, TrainConfig, TrainerConfig
+from ...core.ignored import report_ignored
 from ...core.tokenize import TokenizedSequence
 
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -49,6 +58,7 @@ class _MicroBatch:
     old_logprobs: Tensor  # [B, K] engine logprob of token p + 1 (NaN where unknown)
     advantages: Tensor  # [B, K]
     num_tokens: int  # real (unpadded) tokens, prompt included
+    sampled_logprobs: Tensor | None = None  # [B, K] the engine's, once old_logprobs are the trainer's own
 
 
 @dataclass
@@ -71,8 +81,9 @@ class _Sums:
         self.kl += metrics.get("kl", 0.0) * share
         self.clip_fraction += metrics.get("clip_fraction", 0.0) * share
         self.ratio_mean += metrics.get("ratio_mean", 0.0) * share
-        known = batch.mask & ~torch.isnan(batch.old_logprobs)
-        self.mismatch_sum += (new - batch.old_logprobs)[known].abs().sum().item()
+        sampled = batch.old_logprobs if batch.sampled_logprobs is None else batch.sampled_logprobs
+        known = batch.mask & ~torch.isnan(sampled)
+        self.mismatch_sum += (new - sampled)[known].abs().sum().item()
         self.mismatch_count += int(known.sum())
 
     def metrics(
@@ -83,6 +94,7 @@ class _Sums:
         num_micro_batches: int,
         num_tokens: int,
         seconds: float,
+        learning_rate: float,
         config: TrainConfig,
     ) -> dict[str, float]:
         result = {
@@ -96,7 +108,7 @@ class _Sums:
             "num_micro_batches": float(num_micro_batches),
             "tokens_per_second": num_tokens / seconds,
             "seconds": seconds,
-            "learning_rate": config.learning_rate,
+            "learning_rate": learning_rate,
         }
         if config.kl_penalty_coef > 0:
             result["kl"] = self.kl
@@ -149,6 +161,7 @@ class PeftTrainer:
         self.config = config
         self._pad_id = _pad_token_id(model.config)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._chunkable: bool | None = None  # logits == head(decoder output)? checked at first chunked use
         self.optimizer = self._new_optimizer()
 
     @property
@@ -207,29 +220,37 @@ class PeftTrainer:
     ) -> dict[str, float]:
         """One optimizer step of the GRPO loss over all `sequences`; returns metrics as plain floats.
 
-        Phases: validate and collate the micro-batches, accumulate the gradient over them (forward, loss,
-        backward), apply the update (clip, AdamW step). An exception before the update leaves the weights
-        as they were; the backend reloads the last checkpoint after any failure anyway.
+        Phases: validate and collate the micro-batches, (if asked) recompute their old logprobs with this model,
+        accumulate the gradient over them (forward, loss, backward), apply the update (clip, AdamW step). An
+        exception before the update leaves the weights as they were; the backend reloads the last checkpoint
+        after any failure anyway.
         """
         from tqdm.auto import tqdm
 
         started = time.perf_counter()
         batches = self._prepare(sequences, config)
+        if config.precalculate_logprobs:
+            self._precalculate_old_logprobs(batches, config)
         with tqdm(total=len(batches), desc="train", disable=not progress) as bar:
             sums = self._accumulate_gradients(batches, config, bar)
             grad_norm = self._apply_update(config)
             bar.set_postfix(loss=f"{sums.loss:.4f}", grad_norm=f"{grad_norm:.3g}")
-        return sums.metrics(
+        metrics = sums.metrics(
             grad_norm=grad_norm,
             num_sequences=len(sequences),
             num_micro_batches=len(batches),
             num_tokens=sum(b.num_tokens for b in batches),
             seconds=time.perf_counter() - started,
+            learning_rate=self.optimizer.param_groups[0]["lr"],
             config=config,
         )
+        if config.verbose:
+            print("artnb train: " + ", ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
+        return metrics
 
     def _prepare(self, sequences: list[TokenizedSequence], config: TrainConfig) -> list[_MicroBatch]:
-        """Check the sequences and cut them into micro-batches; set this step's learning rate."""
+        """Check the sequences, balance their advantages, cut them into micro-batches; set this step's learning
+        rate: config.learning_rate * (trajectories trained on) ** num_trajectories_learning_rate_multiplier_power."""
         if not sequences:
             raise ValueError("train() got no sequences; the caller should skip the step instead")
         self._check_sequences(sequences)
@@ -240,10 +261,31 @@ class PeftTrainer:
                 "no trainable tokens: every assistant_mask is False after the first token. Check that the "
                 "trajectories have assistant turns with logprobs (or set allow_training_without_logprobs)"
             )
+        if config.advantage_balance:
+            trainable = [
+                replace(s, advantage=grpo.balance_advantage(s.advantage, config.advantage_balance))
+                for s in trainable
+            ]
+        trajectories = len({(s.group_index, s.trajectory_index) for s in trainable})
+        power = config.num_trajectories_learning_rate_multiplier_power
         for group in self.optimizer.param_groups:
-            group["lr"] = config.learning_rate
+            group["lr"] = config.learning_rate * trajectories**power
             group["weight_decay"] = config.weight_decay
         return self._micro_batches(trainable, config.micro_batch_tokens)
+
+    @torch.no_grad()
+    def _precalculate_old_logprobs(self, batches: list[_MicroBatch], config: TrainConfig) -> None:
+        """ART's precalculate_logprobs: the old logprobs become this model's own (adapter on, eval mode, before
+        the update); the engine's move to `sampled_logprobs`."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for batch in batches:
+                own = self._logprobs(batch, chunk_size=config.logprob_calculation_chunk_size).float()
+                batch.sampled_logprobs = batch.old_logprobs
+                batch.old_logprobs = torch.where(batch.mask, own, torch.full_like(own, math.nan))
+        finally:
+            self.model.train(was_training)
 
     def _accumulate_gradients(self, batches: list[_MicroBatch], config: TrainConfig, bar) -> _Sums:
         """Forward, loss and backward per micro-batch; the gradients add up to the whole batch's."""
@@ -252,9 +294,12 @@ class PeftTrainer:
         sums = _Sums(denominator)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        chunk = config.logprob_calculation_chunk_size
         for batch in batches:
-            ref = self._logprobs(batch, adapter=False) if config.kl_penalty_coef > 0 else None
-            new = self._logprobs(batch)
+            ref = (
+                self._logprobs(batch, adapter=False, chunk_size=chunk) if config.kl_penalty_coef > 0 else None
+            )
+            new = self._logprobs(batch, chunk_size=chunk)
             loss, metrics = grpo.policy_loss(
                 new,
                 batch.old_logprobs,
@@ -263,9 +308,16 @@ class PeftTrainer:
                 loss_fn=config.loss_fn,
                 epsilon=epsilon,
                 epsilon_high=epsilon_high,
+                importance_sampling_level=config.importance_sampling_level,
+                max_negative_advantage_importance_sampling_weight=(
+                    config.max_negative_advantage_importance_sampling_weight
+                ),
+                mask_prob_ratio=config.mask_prob_ratio,
+                kimi_k2_tau=config.kimi_k2_tau,
                 ref_logprobs=ref,
                 kl_penalty_coef=config.kl_penalty_coef,
                 truncated_importance_sampling=config.truncated_importance_sampling,
+                sampling_logprobs=batch.sampled_logprobs,
                 denominator=denominator,
             )
             loss.backward()
@@ -285,6 +337,57 @@ class PeftTrainer:
             warnings.warn(f"artnb: gradient norm is {grad_norm}; the update was skipped", stacklevel=3)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def train_sft(
+        self,
+        sequences: list[TokenizedSequence],
+        learning_rate: float,
+        *,
+        max_grad_norm: float = 1.0,
+        weight_decay: float = 0.0,
+        micro_batch_tokens: int = 2048,
+    ) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning on `sequences` (one batch); returns metrics as floats.
+
+        The loss is the cross-entropy of the trainable tokens (`assistant_mask`) given the tokens before them,
+        averaged over the batch's trainable tokens, so micro-batching does not change the gradient. Same
+        adapter, AdamW and micro-batches as `train`; logprobs and advantages are ignored.
+        """
+        started = time.perf_counter()
+        self._check_sequences(sequences)
+        trainable = [s for s in sequences if any(s.assistant_mask[1:])]  # token 0 is never predicted
+        if not trainable:
+            raise ValueError("train_sft() got no trainable tokens: every assistant_mask is False")
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate  # 0 is allowed: ART's decaying schedules end there
+            group["weight_decay"] = weight_decay
+        batches = self._micro_batches(trainable, micro_batch_tokens)
+        denominator = sum(int(b.mask.sum()) for b in batches)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for batch in batches:
+            logprobs = self._logprobs(batch)
+            loss = -torch.where(batch.mask, logprobs, 0.0).sum() / denominator
+            loss.backward()
+            loss_sum += loss.item()
+            del logprobs, loss
+        grad_norm = self._apply_update(TrainConfig(max_grad_norm=max_grad_norm))
+        seconds = time.perf_counter() - started
+        return {
+            "loss": loss_sum,
+            "grad_norm": grad_norm,
+            "learning_rate": learning_rate,
+            "num_trainable_tokens": float(denominator),
+            "num_sequences": float(len(sequences)),
+            "num_micro_batches": float(len(batches)),
+            "tokens_per_second": sum(b.num_tokens for b in batches) / seconds,
+            "seconds": seconds,
+        }
+
+    def reset_optimizer(self) -> None:
+        """Forget the AdamW moments (as ART does between SFT and RL: their gradients differ in scale)."""
+        self.optimizer = self._new_optimizer()
 
     @torch.no_grad()
     def token_logprobs(self, token_ids: list[list[int]], *, adapter: bool = True) -> list[list[float]]:
@@ -314,17 +417,71 @@ class PeftTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=TrainConfig().learning_rate, betas=(0.9, 0.99), weight_decay=0.0)
 
-    def _logprobs(self, batch: _MicroBatch, adapter: bool = True) -> Tensor:
-        """[B, K] logprob of `batch.targets`; without the adapter under no_grad (reference model)."""
+    def _logprobs(self, batch: _MicroBatch, adapter: bool = True, chunk_size: int | None = None) -> Tensor:
+        """[B, K] logprob of `batch.targets`; without the adapter under no_grad (reference model).
+
+        With `chunk_size`, and more kept positions than that, the LM head and log_softmax run chunk by chunk
+        (`_chunked_logprobs`); the values are the same.
+        """
         if not adapter:
             with torch.no_grad(), self.model.disable_adapter():
-                return self._logprobs(batch)
+                return self._logprobs(batch, chunk_size=chunk_size)
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+        if chunk_size is not None and batch.targets.numel() > chunk_size and self._can_chunk_logprobs():
+            return self._chunked_logprobs(inputs, batch, chunk_size)
         if self._keeps_logits:
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         else:  # the few causal LMs without logits_to_keep (e.g. Whisper, ProphetNet): all logits, then select
             logits = self.model(**inputs).logits[:, batch.keep]
         return logits.float().log_softmax(-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+
+    def _chunked_logprobs(self, inputs: dict, batch: _MicroBatch, chunk_size: int) -> Tensor:
+        """The decoder's hidden states at the kept positions, then head + log_softmax + gather per `chunk_size`
+        positions (rows and positions flattened). Under autograd each chunk is checkpointed: its logits are
+        freed after the forward and recomputed in backward, so one chunk's [chunk_size, vocab] is the peak."""
+        base = self.model.get_base_model()
+        head = base.get_output_embeddings()
+        hidden = getattr(base, base.base_model_prefix)(**inputs).last_hidden_state[:, batch.keep]
+        flat, targets = hidden.flatten(0, 1), batch.targets.flatten()
+        recompute = torch.is_grad_enabled() and flat.requires_grad
+        parts = []
+        for start in range(0, len(flat), chunk_size):
+            args = (head, flat[start : start + chunk_size], targets[start : start + chunk_size])
+            if recompute:
+                parts.append(torch.utils.checkpoint.checkpoint(_head_logprobs, *args, use_reentrant=False))
+            else:
+                parts.append(_head_logprobs(*args))
+        return torch.cat(parts).view_as(batch.targets)
+
+    def _can_chunk_logprobs(self) -> bool:
+        """Whether the logits are the output embedding of the decoder's last hidden state, which chunking needs;
+        checked once, on a few tokens, against the model's own forward."""
+        if self._chunkable is None:
+            self._chunkable = self._logits_are_head_of_decoder()
+            if not self._chunkable:
+                report_ignored(
+                    "logprob_calculation_chunk_size",
+                    f"{type(self.model.get_base_model()).__name__}'s logits are not just its output embedding "
+                    "of the decoder's hidden states (soft-capping or scaling), so they are computed in one go",
+                )
+        return self._chunkable
+
+    @torch.no_grad()
+    def _logits_are_head_of_decoder(self) -> bool:
+        base = self.model.get_base_model()
+        body = getattr(base, getattr(base, "base_model_prefix", ""), None)
+        head = base.get_output_embeddings()
+        if not self._keeps_logits or body is None or head is None:
+            return False
+        ids = torch.arange(1, 9, device=self.device).unsqueeze(0) % head.weight.shape[0]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            full = self.model(input_ids=ids, use_cache=False).logits.float()
+            split = head(body(input_ids=ids, use_cache=False).last_hidden_state).float()
+        finally:
+            self.model.train(was_training)
+        return full.shape == split.shape and torch.allclose(full, split, rtol=1e-3, atol=1e-3)
 
     def _micro_batches(self, sequences: list[TokenizedSequence], budget: int) -> list[_MicroBatch]:
         """Longest first, greedily grouped so that rows x longest row <= budget (a longer one goes alone)."""
@@ -394,6 +551,11 @@ class PeftTrainer:
                 f"adapter in {path} was trained with {found}, but this trainer has {expected}; "
                 "use the same LoRAConfig to resume"
             )
+
+
+def _head_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
+    """logprob of each target token from hidden states [N, H] through the LM head: [N]."""
+    return head(hidden).float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def _present_target_modules(model: torch.nn.Module, wanted: list[str]) -> list[str]:

@@ -1,0 +1,162 @@
+"""`art.dev`: ART's "internal" configuration types, accepted as ART's notebooks write them.
+
+These are plain dicts (TypedDicts), as in ART: `art.dev.InternalModelConfig(init_args=art.dev.InitArgs(
+max_seq_length=8192), engine_args=art.dev.EngineArgs(enforce_eager=True, gpu_memory_utilization=0.8))`, assigned
+to `model._internal_config` or passed as `TrainableModel(..., _internal_config=...)`. What each key means here,
+and which keys have no meaning on this machine (reported once by name), is decided in `settings.py`; unlisted keys
+are accepted by the types (as in ART) and reported there too. `dev.TrainConfig` is the dict form of
+`backend.train(...)`'s keywords (`model.train(groups, _config=...)`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from typing_extensions import TypedDict
+
+from .settings import InternalSettings, resolve_internal_config
+
+
+class InitArgs(TypedDict, total=False):
+    """How ART (Unsloth) loads the model. Honoured: max_seq_length, use_gradient_checkpointing, random_state,
+    max_lora_rank; on CUDA with vLLM also gpu_memory_utilization."""
+
+    model_name: str
+    max_seq_length: int
+    dtype: str | None
+    load_in_4bit: bool
+    load_in_8bit: bool
+    load_in_16bit: bool
+    full_finetuning: bool
+    fast_inference: bool
+    gpu_memory_utilization: float
+    max_lora_rank: int
+    use_gradient_checkpointing: str | bool
+    random_state: int
+    enable_prefix_caching: bool
+
+
+class EngineArgs(TypedDict, total=False):
+    """vLLM engine arguments; the ones artnb passes to vLLM are listed in settings.VLLM_FLAGS."""
+
+    max_model_len: int | None
+    enforce_eager: bool | None
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    enable_prefix_caching: bool | None
+    enable_chunked_prefill: bool | None
+    swap_space: float
+    cpu_offload_gb: float
+    kv_cache_dtype: str
+    quantization: str | None
+    dtype: str
+    seed: int
+    block_size: int | None
+    trust_remote_code: bool
+    disable_log_stats: bool
+    max_logprobs: int
+    num_scheduler_steps: int
+
+
+class PeftArgs(TypedDict, total=False):
+    """ART 0.3–0.4's LoRA settings (PEFT names): r, lora_alpha, lora_dropout, target_modules are honoured."""
+
+    r: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: list[str]
+    bias: str
+    use_rslora: bool
+    use_gradient_checkpointing: str | bool
+    random_state: int
+
+
+class LoRAConfig(TypedDict, total=False):
+    """ART 0.5's LoRA settings (`TrainableModel(lora_config=...)`): rank, alpha, dropout, target_modules."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: list[str]
+    bias: str
+    use_rslora: bool
+
+
+class TrainerArgs(TypedDict, total=False):
+    """ART's trainer (TRL/transformers TrainingArguments) settings. Honoured: gradient_checkpointing, seed."""
+
+    gradient_checkpointing: bool
+    seed: int
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+
+
+class InternalModelConfig(TypedDict, total=False):
+    init_args: InitArgs
+    engine_args: EngineArgs
+    peft_args: PeftArgs
+    trainer_args: TrainerArgs
+    torchtune_args: dict[str, Any]
+    chat_template_kwargs: dict[str, Any]
+
+
+class TrainConfig(TypedDict, total=False):
+    """The keywords of `backend.train(model, groups, **kwargs)` as a dict (`model.train(groups, _config=...)`)."""
+
+    learning_rate: float
+    beta: float
+    kl_penalty_coef: float
+    epsilon: float
+    epsilon_high: float
+    scale_rewards: bool
+    normalize_advantages: bool
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"]
+    logprob_calculation_chunk_size: int
+    precalculate_logprobs: bool
+    max_negative_advantage_importance_sampling_weight: float
+    truncated_importance_sampling: float | None
+    allow_training_without_logprobs: bool
+    loss_fn: Literal["cispo", "ppo"]
+    ppo: bool
+    mask_prob_ratio: bool
+    kimi_k2_tau: float | None
+    advantage_balance: float
+    num_trajectories_learning_rate_multiplier_power: float
+    verbose: bool
+
+
+class ServerArgs(TypedDict, total=False):
+    """vLLM OpenAI-server arguments; artnb's engines choose their own host, port, key and parsers."""
+
+    tool_call_parser: str | None
+    enable_auto_tool_choice: bool
+    chat_template: str | None
+
+
+class OpenAIServerConfig(TypedDict, total=False):
+    """`model.register(backend, _openai_client_config=...)`: engine_args are handled as in InternalModelConfig."""
+
+    log_file: str
+    server_args: ServerArgs
+    engine_args: EngineArgs
+
+
+__all__ = [
+    "EngineArgs",
+    "InitArgs",
+    "InternalModelConfig",
+    "InternalSettings",
+    "LoRAConfig",
+    "OpenAIServerConfig",
+    "PeftArgs",
+    "ServerArgs",
+    "TrainConfig",
+    "TrainerArgs",
+    "resolve_internal_config",
+]

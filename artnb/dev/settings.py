@@ -1,0 +1,146 @@
+"""What ART's `_internal_config` means in artnb: which keys are honoured, mapped or ignored, decided in one place.
+
+`resolve_internal_config` turns the dict into `InternalSettings`, which LocalBackend applies: the LoRA shape, the
+trainer's options, the longest sequence trained, and vLLM command-line flags (used when vLLM serves; the HF engine
+has no such knobs). Keys with no meaning here (Unsloth quantised loading, GPU-only vLLM settings on a CPU, flags
+vLLM no longer has) are accepted and reported once each by `report_ignored`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.ignored import report_ignored
+
+# ART EngineArgs key -> (vLLM flag, needs CUDA). Boolean values become `--flag` / `--no-flag`.
+VLLM_FLAGS: dict[str, tuple[str, bool]] = {
+    "max_model_len": ("--max-model-len", False),
+    "enforce_eager": ("--enforce-eager", False),
+    "max_num_seqs": ("--max-num-seqs", False),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", False),
+    "enable_prefix_caching": ("--enable-prefix-caching", False),
+    "enable_chunked_prefill": ("--enable-chunked-prefill", False),
+    "seed": ("--seed", False),
+    "block_size": ("--block-size", False),
+    "trust_remote_code": ("--trust-remote-code", False),
+    "disable_log_stats": ("--disable-log-stats", False),
+    "max_logprobs": ("--max-logprobs", False),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", True),
+    "tensor_parallel_size": ("--tensor-parallel-size", True),
+    "pipeline_parallel_size": ("--pipeline-parallel-size", True),
+    "swap_space": ("--swap-space", True),
+    "cpu_offload_gb": ("--cpu-offload-gb", True),
+    "kv_cache_dtype": ("--kv-cache-dtype", True),
+    "quantization": ("--quantization", True),
+    "dtype": ("--dtype", True),  # on the CPU artnb serves fp32 (bf16 is far slower there)
+}
+_LORA_KEYS = {"r": "r", "rank": "r", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout"}
+_LORA_KEYS |= {"dropout": "dropout", "target_modules": "target_modules"}
+
+
+@dataclass
+class InternalSettings:
+    """What an `_internal_config` changes, in artnb's terms."""
+
+    max_seq_length: int | None = None  # longest sequence trained and served (vLLM --max-model-len)
+    lora: dict[str, Any] = field(default_factory=dict)  # LoRAConfig fields
+    trainer: dict[str, Any] = field(default_factory=dict)  # TrainerConfig fields
+    max_lora_rank: int | None = None
+    vllm_args: list[str] = field(default_factory=list)  # vLLM flags, before the user's engine_options
+
+    def report_for_engine(self, kind: str) -> None:
+        """The HF engine has none of vLLM's knobs: report the flags it will not use."""
+        if kind != "vllm" and self.vllm_args:
+            flags = " ".join(a for a in self.vllm_args if a.startswith("--"))
+            report_ignored(
+                "_internal_config.engine_args", f"the HF engine serves this model ({flags} are vLLM's)"
+            )
+
+
+def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) -> InternalSettings:
+    """The settings `config` (an `art.dev.InternalModelConfig` dict) asks for, reporting what has no effect."""
+    out = InternalSettings()
+    if not config:
+        return out
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"_internal_config must be an art.dev.InternalModelConfig(...) dict, got {type(config).__name__}"
+        )
+    for key, value in config.items():
+        if key == "init_args":
+            _init_args(value or {}, out, on_cuda)
+        elif key == "engine_args":
+            _engine_args(value or {}, out, on_cuda)
+        elif key in ("peft_args", "lora_config"):
+            _lora(key, value or {}, out)
+        elif key == "trainer_args":
+            _trainer_args(value or {}, out)
+        else:
+            report_ignored(f"_internal_config.{key}", "artnb has no such setting")
+    if out.max_seq_length and "--max-model-len" not in out.vllm_args:
+        out.vllm_args += ["--max-model-len", str(out.max_seq_length)]
+    return out
+
+
+def _init_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) -> None:
+    for key, value in args.items():
+        if key == "max_seq_length":
+            out.max_seq_length = int(value)
+        elif key == "use_gradient_checkpointing":
+            out.trainer["gradient_checkpointing"] = bool(value)
+        elif key == "random_state":
+            out.trainer["seed"] = int(value)
+        elif key == "max_lora_rank":
+            out.max_lora_rank = int(value)
+        elif key in ("gpu_memory_utilization", "enable_prefix_caching"):
+            _engine_args({key: value}, out, on_cuda)
+        else:
+            report_ignored(
+                f"_internal_config.init_args.{key}",
+                "artnb loads models with transformers (fp32 on the CPU, bf16 on CUDA), not Unsloth",
+            )
+
+
+def _engine_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) -> None:
+    for key, value in args.items():
+        if key not in VLLM_FLAGS:
+            report_ignored(
+                f"_internal_config.engine_args.{key}", "not one of the vLLM settings artnb passes on"
+            )
+            continue
+        flag, cuda_only = VLLM_FLAGS[key]
+        if cuda_only and not on_cuda:
+            report_ignored(
+                f"_internal_config.engine_args.{key}", "a GPU setting, and this machine has no GPU"
+            )
+        elif value is None:
+            continue
+        elif isinstance(value, bool):
+            out.vllm_args.append(flag if value else "--no-" + flag[2:])
+        else:
+            out.vllm_args += [flag, str(value)]
+
+
+def _lora(section: str, args: Mapping[str, Any], out: InternalSettings) -> None:
+    for key, value in args.items():
+        if key in _LORA_KEYS:
+            out.lora[_LORA_KEYS[key]] = value
+        else:
+            report_ignored(
+                f"_internal_config.{section}.{key}", "artnb's LoRA has rank, alpha, dropout and targets"
+            )
+
+
+def _trainer_args(args: Mapping[str, Any], out: InternalSettings) -> None:
+    for key, value in args.items():
+        if key == "gradient_checkpointing":
+            out.trainer["gradient_checkpointing"] = bool(value)
+        elif key == "seed":
+            out.trainer["seed"] = int(value)
+        else:
+            report_ignored(
+                f"_internal_config.trainer_args.{key}",
+                "artnb's trainer takes its training options from backend.train(...) / TrainConfig",
+            )

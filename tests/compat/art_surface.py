@@ -1,0 +1,101 @@
+"""Every ART name artnb supports, where ART users import it from, and how artnb provides it.
+
+One row per usage in ART's published notebooks and examples that artnb supports: (module, name, status, note).
+status: "same" (same call, same meaning), "mapped" (same call, artnb's equivalent behind it), "accepted" (accepted
+for compatibility, reported once as having no effect here). The import-surface test walks this list; the
+closing note's table is printed from it (`python tests/compat/art_surface.py`).
+"""
+
+from __future__ import annotations
+
+SURFACE: list[tuple[str, str, str, str]] = [
+    # top level
+    ("artnb", "Trajectory", "same", ""),
+    ("artnb", "TrajectoryGroup", "same", "exceptions=[raw exception] accepted"),
+    (
+        "artnb",
+        "Model",
+        "same",
+        "generic over its config: art.Model[MyConfig]; register(backend) for comparison models",
+    ),
+    ("artnb", "TrainableModel", "same", "_internal_config=, lora_config=, config= accepted"),
+    ("artnb", "gather_trajectory_groups", "same", "pbar_desc, max_exceptions, after_each, max_metrics"),
+    ("artnb", "gather_trajectories", "same", ""),
+    ("artnb", "retry", "same", ""),
+    ("artnb", "TrainConfig", "same", "learning_rate, beta (= kl_penalty_coef)"),
+    ("artnb", "TrainResult", "same", "step, metrics, checkpoint_path"),
+    ("artnb", "LocalTrainResult", "same", ""),
+    ("artnb", "LocalBackend", "same", "also at the top level (ART lists it but never imports it)"),
+    (
+        "artnb",
+        "ServerlessBackend",
+        "mapped",
+        "trains on this machine (a LocalBackend); W&B Serverless is unreachable",
+    ),
+    ("artnb", "Messages", "same", ""),
+    ("artnb", "MessagesAndChoices", "same", ""),
+    ("artnb", "Tools", "same", ""),
+    ("artnb", "LoRAConfig", "same", "r or rank, alpha, dropout, target_modules"),
+    ("artnb", "dev", "same", ""),
+    (
+        "artnb",
+        "TrainSFTConfig",
+        "same",
+        "learning_rate (a value or one per batch), batch_size, assistant_turns",
+    ),
+    # module paths
+    ("artnb.local", "LocalBackend", "same", ""),
+    ("artnb.local.backend", "LocalBackend", "same", ""),
+    ("artnb.serverless", "ServerlessBackend", "mapped", ""),
+    ("artnb.serverless.backend", "ServerlessBackend", "mapped", ""),
+    ("artnb.rewards", "ruler_score_group", "same", "with judge time limits and retries of its own"),
+    ("artnb.rewards", "ruler", "same", ""),
+    ("artnb.types", "Messages", "same", ""),
+    ("artnb.types", "MessagesAndChoices", "same", ""),
+    ("artnb.types", "Tools", "same", ""),
+    ("artnb.types", "TrainConfig", "same", ""),
+    ("artnb.trajectories", "Trajectory", "same", ""),
+    ("artnb.trajectories", "TrajectoryGroup", "same", ""),
+    ("artnb.trajectories", "History", "same", ""),
+    ("artnb.trajectories", "PydanticException", "same", ""),
+    # art.dev
+    ("artnb.dev", "InternalModelConfig", "mapped", "see artnb/dev/settings.py"),
+    ("artnb.dev", "InitArgs", "mapped", "max_seq_length, use_gradient_checkpointing, random_state honoured"),
+    ("artnb.dev", "EngineArgs", "mapped", "vLLM flags passed on; GPU-only ones reported on a CPU"),
+    ("artnb.dev", "PeftArgs", "mapped", "r, lora_alpha, lora_dropout, target_modules"),
+    ("artnb.dev", "LoRAConfig", "mapped", "rank, alpha, dropout, target_modules"),
+    ("artnb.dev", "TrainerArgs", "mapped", "gradient_checkpointing, seed; the rest reported"),
+    ("artnb.dev", "TrainConfig", "mapped", "model.train(groups, _config=...)"),
+    ("artnb.dev", "OpenAIServerConfig", "accepted", "artnb's engines choose host, port, key, parsers"),
+    # art.utils
+    (
+        "artnb.utils",
+        "iterate_dataset",
+        "same",
+        "batches unpack as ART 0.3-0.4 tuples and have ART 0.5's attributes",
+    ),
+    ("artnb.utils", "limit_concurrency", "same", ""),
+    ("artnb.utils", "strip_logprobs", "same", ""),
+    ("artnb.utils.strip_logprobs", "strip_logprobs", "same", ""),
+    ("artnb.utils.litellm", "convert_litellm_choice_to_openai", "same", ""),
+    ("artnb.utils.output_dirs", "get_output_dir_from_model_properties", "same", "computed by RunStore"),
+    ("artnb.utils.benchmarking.load_trajectories", "load_trajectories", "mapped", "pandas, not polars"),
+    ("artnb.utils.benchmarking.charts", "training_progress_chart", "mapped", "plotly, not matplotlib"),
+    (
+        "artnb.utils.benchmarking.charts",
+        "percentage_comparison_bar_chart",
+        "mapped",
+        "plotly, not matplotlib",
+    ),
+    ("artnb.utils.benchmarking.types", "BenchmarkModelKey", "same", ""),
+    ("artnb.utils.logging", "info", "same", ""),
+    ("artnb.utils.sft", "train_sft_from_file", "same", "whole file checked before training"),
+    ("artnb.utils.sft", "create_sft_dataset_iterator", "same", ""),
+    ("artnb.types", "TrainSFTConfig", "same", ""),
+]
+
+
+if __name__ == "__main__":
+    print("| ART name | status | note |\n|---|---|---|")
+    for module, name, status, note in SURFACE:
+        print(f"| `{module.replace('artnb', 'art', 1)}.{name}` | {status} | {note} |")
