@@ -172,6 +172,7 @@ async def _request(
 
 
 _RETRYABLE_STATUS = {408, 409, 429}  # and every 5xx
+_NO_CREDENTIALS = ("Missing credentials", "api_key client option must be set")
 
 
 def _describe_failure(error: BaseException, timeout_s: float) -> tuple[str, bool, float | None]:
@@ -180,6 +181,14 @@ def _describe_failure(error: BaseException, timeout_s: float) -> tuple[str, bool
         return f"no reply within {timeout_s:g} s (JudgeLimits.timeout_s)", True, None
     if isinstance(error, openai.APIConnectionError):
         return f"connection failed: {_brief(error)}", True, None
+    if any(sign in str(error) for sign in _NO_CREDENTIALS):
+        # litellm reports the OpenAI client's "no api_key" as an HTTP 500; no retry can fix it
+        return (
+            f"no API key for this judge ({_brief(error)}); set the provider's key (e.g. OPENAI_API_KEY, or in a "
+            ".env file) or pass api_key in extra_litellm_params",
+            False,
+            None,
+        )
     status = getattr(error, "status_code", None)
     if not isinstance(status, int):
         return _brief(error), False, None

@@ -272,3 +272,14 @@ async def test_gather_raises_the_judge_error_when_asked_to(judge, fresh):
         await art.gather_trajectory_groups(
             pending_groups(), after_each=scored_by_judge(params, cache), after_each_errors="raise"
         )
+
+
+async def test_a_judge_without_an_api_key_fails_at_once_and_says_which_key(judge, fresh, monkeypatch):
+    params, cache = fresh
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    no_key = {k: v for k, v in params.items() if k != "api_key"}
+    limits = JudgeLimits(max_attempts=5, backoff_initial_s=2, jitter=False)  # a retry would wait 2 s
+    start = time.monotonic()
+    with pytest.raises(JudgeRequestError, match="no API key for this judge .*OPENAI_API_KEY") as info:
+        await art.ruler([conversation(1)], JUDGE, no_key, cache_dir=cache, limits=limits)
+    assert time.monotonic() - start < 1.5 and info.value.attempts == 1
