@@ -81,7 +81,15 @@ __all__ = [
 
 
 # Imported on first use: `art.widgets` (ipywidgets, plotly) and ART's module paths (`art.utils`, `art.rewards`...).
-_LAZY_MODULES = {"widgets", "utils", "rewards", "local", "serverless", "types", "trajectories"}
+_LAZY_MODULES = {"widgets", "utils", "rewards", "local", "serverless", "skypilot", "types", "trajectories"}
+# Backends beyond this machine, imported on first use: name -> module.
+_LAZY_CLASSES = {
+    "RemoteBackend": "backends.remote",
+    "Backend": "backends.remote",  # ART 0.3-0.4's client of a backend server
+    "ServerUnavailableError": "backends.remote",
+    "SkyPilotBackend": "backends.skypilot",
+    "ServerlessBackend": "serverless",
+}
 
 
 def __getattr__(name: str):
@@ -89,8 +97,8 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
-    if name == "ServerlessBackend":
-        from .serverless import ServerlessBackend
+    if name in _LAZY_CLASSES:
+        import importlib
 
-        return ServerlessBackend
+        return getattr(importlib.import_module(f".{_LAZY_CLASSES[name]}", __name__), name)
     raise AttributeError(f"module 'artnb' has no attribute {name!r}")

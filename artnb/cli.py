@@ -1,9 +1,11 @@
-"""The `artnb` command: `artnb demo [--steps N] [--ruler]`."""
+"""The `artnb` command: `artnb demo [--steps N] [--ruler]`, `artnb serve [--path DIR] [--host H] [--port N] ...`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,11 +20,70 @@ def main(argv: list[str] | None = None) -> None:
             demo.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             demo.add_argument(flag, type=type(f.default), default=f.default)
+    _add_serve(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import main as demo_main
 
         demo_main(DemoConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DemoConfig)}))
+    elif args.command == "serve":
+        _serve(parser, args)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from .backends.server import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a LocalBackend over HTTP for art.RemoteBackend (training and the models' OpenAI endpoints)",
+        description="Serve this machine's backend to notebooks elsewhere: `art.RemoteBackend(base_url, api_key)`. "
+        "Every route but /health needs the API key; without one only 127.0.0.1 is allowed (use an SSH tunnel).",
+    )
+    serve.add_argument("--path", default="./.art", help="the run directories (default ./.art)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}, as ART's)"
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help=f"the key clients must send (default: ${API_KEY_ENV}, which keeps it out of `ps`); "
+        "required unless --host is a loopback address",
+    )
+    serve.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="inference engine")
+    serve.add_argument(
+        "--engine-options",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='engine settings as a JSON object, e.g. \'{"extra_args": ["--max-model-len", "4096"]}\'',
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help=f"larger request bodies get 413 before they are read (default {DEFAULT_MAX_REQUEST_BYTES // 2**20} "
+        "MiB: about 2.5M sampled tokens with their logprobs per train call)",
+    )
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .backends.server import API_KEY_ENV, check_bind, serve
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    try:
+        check_bind(args.host, api_key)
+    except ValueError as error:
+        parser.exit(2, f"artnb serve: {error}\n")
+    serve(
+        args.path,
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        engine=args.engine,
+        max_request_bytes=args.max_request_bytes,
+        engine_options=args.engine_options,
+    )
 
 
 if __name__ == "__main__":

@@ -15,11 +15,13 @@ What it guarantees, and how:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import statistics
+import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ from ..core.store import RunLock, RunStore, copy_checkpoint_files
 from ..core.trajectory import Trajectory, TrajectoryGroup
 from ..dev.settings import InternalSettings, resolve_internal_config
 from ..models import adapter_directory, resolve_base_model
+from . import s3
 from .train_step import TrainStep
 
 log = logging.getLogger("artnb")
@@ -351,7 +354,7 @@ class LocalBackend:
         return served.engine.alive() and served.serving_step == served.step
 
     # training --------------------------------------------------------------------------------------
-    def get_step(self, model: TrainableModel) -> int:
+    async def get_step(self, model: TrainableModel) -> int:
         served = self._served.get((model.project, model.name))
         if served is not None:
             return served.step
@@ -452,18 +455,20 @@ class LocalBackend:
 
         As in ART the checkpoint keeps its step number, so the fork's step counter continues the source's. Unlike
         ART it refuses to fork into a run that has trained already (mixing two runs' steps), and the forked
-        checkpoint is loaded into the trainer and served at once. `from_s3_bucket` is not supported (no S3 here).
+        checkpoint is loaded into the trainer and served at once. `from_s3_bucket`/`prefix`: pulled from S3 first.
         """
-        if from_s3_bucket is not None:
-            raise NotImplementedError(
-                "artnb has no S3 support: copy the run directory here, then fork from it without from_s3_bucket"
-            )
-        if prefix is not None:
-            report_ignored(
-                "_experimental_fork_checkpoint(prefix=...)", "it is an S3 prefix, and there is no S3"
-            )
         served = self._get(model)
         source = RunStore(self.path, from_project or model.project, from_model)
+        if from_s3_bucket is not None:  # as ART: bring the source's checkpoint from the bucket first
+            bucket = s3.resolve_bucket(from_s3_bucket)
+            await self._as_writer(
+                source,
+                lambda: s3.pull(source, bucket, prefix, not_after_step=not_after_step, verbose=verbose),
+            )
+        elif prefix is not None:
+            report_ignored(
+                "_experimental_fork_checkpoint(prefix=...)", "it is the S3 prefix of from_s3_bucket"
+            )
         steps = [s for s in source.steps() if not_after_step is None or s <= not_after_step]
         if not steps:
             raise FileNotFoundError(
@@ -492,6 +497,82 @@ class LocalBackend:
         if verbose:
             print(f"forked {source.project}/{from_model} step {forked} into {model.project}/{model.name}")
         return forked
+
+    # S3 ------------------------------------------------------------------------------------------------
+    async def _experimental_push_to_s3(
+        self,
+        model: Model,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> s3.SyncReport:
+        """Upload the model's run directory to `s3://{bucket}/{prefix}/{project}/models/{name}/` (ART's layout):
+        committed steps only, each step's weights last (see backends/s3.py). `s3_bucket` defaults to
+        $BACKUP_BUCKET; `delete=True` removes objects the run directory no longer has. No step commits while
+        it runs; a cancelled push stops after the current file and removes what it uploaded of an unfinished step.
+        """
+        bucket = s3.resolve_bucket(s3_bucket)
+        store = RunStore(self.path, model.project, model.name)
+        served = self._served.get((model.project, model.name))
+        stop = threading.Event()
+        async with served.step_lock if served is not None else contextlib.nullcontext():
+            work = asyncio.ensure_future(
+                asyncio.to_thread(s3.push, store, bucket, prefix, delete=delete, verbose=verbose, stop=stop)
+            )
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                stop.set()
+                with contextlib.suppress(BaseException):
+                    await work  # the upload in flight finishes and the unfinished step is removed
+                raise
+
+    async def _experimental_pull_from_s3(
+        self,
+        model: Model,
+        step: int | None = None,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> s3.SyncReport:
+        """Download the model's run from S3 into this backend's path, before `model.register(backend)` (as in
+        ART's scripts): every complete step (or only `step`), history and trajectories. Each step arrives whole
+        (temp directory, then rename); steps whose weights never reached the bucket are ignored. A local step or
+        history that differs from the bucket's is an error unless `delete=True`, which makes the local run the
+        bucket's copy."""
+        if (model.project, model.name) in self._served:
+            raise RuntimeError(
+                f"{model.project}/{model.name} is registered and serving on this backend: pull before "
+                "`await model.register(backend)` (its trainer would not see the pulled steps), or "
+                "`await backend.close()` first"
+            )
+        bucket = s3.resolve_bucket(s3_bucket)
+        store = RunStore(self.path, model.project, model.name)
+        return await self._as_writer(
+            store, lambda: s3.pull(store, bucket, prefix, step=step, delete=delete, verbose=verbose)
+        )
+
+    async def _as_writer(self, store: RunStore, work: Any) -> Any:
+        """Run `work()` in a thread as the run's writer (its lock), unless this backend trains the run already."""
+        if any(served.store.dir == store.dir for served in self._served.values()):
+            return await asyncio.to_thread(work)
+        await self._take_over_from_another_backend(store)
+        run_lock = store.lock()
+        try:
+            return await asyncio.to_thread(work)
+        finally:
+            run_lock.release()
+
+    async def log(
+        self, model: Model, split: str, step: int, row: dict[str, Any], groups: Sequence[TrajectoryGroup]
+    ) -> None:
+        """Record a history row and the groups' trajectories in the model's run directory (`model.log`)."""
+        store = RunStore(self.path, model.project, model.name)
+        if groups:
+            await asyncio.to_thread(store.write_trajectories, split, step, groups)
+        await asyncio.to_thread(store.append_history, row)
 
     async def delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"

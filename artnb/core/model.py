@@ -25,6 +25,7 @@ from .trajectory import Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
+    from .contracts import Backend
     from .sft import TrainSFTConfig
 
 
@@ -77,7 +78,7 @@ class Model(BaseModel, Generic[ModelConfig]):
     id: str | None = None
     run_id: str | None = None
     report_metrics: list[str] | None = None
-    _backend: Any = PrivateAttr(default=None)
+    _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
     _trained: _TrainedBatch | None = PrivateAttr(default=None)
@@ -111,7 +112,7 @@ class Model(BaseModel, Generic[ModelConfig]):
             self._client_key = key
         return self._openai_client
 
-    async def register(self, backend: Any) -> None:
+    async def register(self, backend: Backend) -> None:
         """Attach this model to `backend`: a TrainableModel starts serving (engine, checkpoint resume); any model
         then logs into the backend's run directory (`backend.path`)."""
         if self.config is not None:
@@ -180,24 +181,34 @@ class Model(BaseModel, Generic[ModelConfig]):
         trained = self._trained
         if split == "train" and trained is not None and _same_groups(groups, trained.groups):
             if step is None or step in trained.steps:
-                return self._merge_into_trained(trained, metric_row)
+                return await self._merge_into_trained(trained, metric_row)
         step = await self.get_step() if step is None else step
         row: dict[str, Any] = {"step": step, "split": split}
         row.update({f"{split}/{k}": v for k, v in summarize_groups(groups).items()})
         row.update(metric_row)
-        if groups:
-            self.store.write_trajectories(split, step, groups)
-        self.store.append_history(row)
+        await self._write_log(split, step, row, groups)
         return row
 
-    def _merge_into_trained(self, trained: _TrainedBatch, metrics: dict[str, Any]) -> dict[str, Any]:
+    async def _merge_into_trained(self, trained: _TrainedBatch, metrics: dict[str, Any]) -> dict[str, Any]:
         new = {k: v for k, v in metrics.items() if k not in trained.row}
         if new:
-            self.store.append_history(
-                {"step": trained.steps[0], "split": "train", "commit": trained.commit, **new}
+            step = trained.steps[0]
+            await self._write_log(
+                "train", step, {"step": step, "split": "train", "commit": trained.commit, **new}, []
             )
             trained.row.update(new)
         return dict(trained.row)
+
+    async def _write_log(
+        self, split: str, step: int, row: dict[str, Any], groups: list[TrajectoryGroup]
+    ) -> None:
+        """Through the backend when registered (it may be remote), else into the local run directory."""
+        if self._backend is not None:
+            await self._backend.log(self, split, step, row, groups)
+            return
+        if groups:
+            self.store.write_trajectories(split, step, groups)
+        self.store.append_history(row)
 
     def history(self):
         """The logged history as a pandas DataFrame (one row per log call)."""
@@ -259,7 +270,7 @@ class TrainableModel(Model[ModelConfig]):
         return self.name if step is None else f"{self.name}@{step}"
 
     async def get_step(self) -> int:
-        return self._require_backend().get_step(self)
+        return await self._require_backend().get_step(self)
 
     async def train(
         self,

@@ -324,6 +324,19 @@ class RunStore:
     def trajectories_path(self, split: str, step: int) -> Path:
         return self.trajectories_dir(split) / f"{step:04d}.parquet"
 
+    def trajectory_files(self) -> list[tuple[str, int]]:
+        """(split, step) of every logged trajectories file, sorted."""
+        root = self.dir / "trajectories"
+        if not root.is_dir():
+            return []
+        return sorted(
+            (d.name, int(p.stem))
+            for d in root.iterdir()
+            if d.is_dir()
+            for p in d.glob("[0-9]*.parquet")
+            if p.stem.isdigit()
+        )
+
     def write_trajectories(self, split: str, step: int, groups: Iterable[TrajectoryGroup]) -> Path:
         """Add the groups to trajectories/{split}/{step:04d}.parquet (the file is replaced atomically)."""
         df = _rollout_frame(groups)

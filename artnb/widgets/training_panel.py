@@ -8,6 +8,7 @@ phase, then stop), and everything the panel shows is tested through the loop's o
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
@@ -60,6 +61,7 @@ class TrainingPanel(widgets.VBox):
             max_exceptions=max_exceptions,
         )
         self.model = model
+        self._step = model.store.latest_step() or 0  # until refresh() asks the backend
         self.output = widgets.Output(layout={"max_height": "200px", "overflow": "auto"})
         self.background = Background(self.output)
         self.gather_button = widgets.Button(
@@ -149,6 +151,10 @@ class TrainingPanel(widgets.VBox):
     async def refresh(self) -> None:
         """Re-check the engine and re-read the history (e.g. after training from a cell, not the buttons)."""
         self.engine = await self.loop.engine_state()
+        with contextlib.suppress(Exception):  # not answering: engine_state says so; keep the last step known
+            self._step = (
+                await self.model.get_step()
+            )  # through the backend: a remote run has no local checkpoints
         self.plot.refresh()
         self._render_status()
 
@@ -165,6 +171,8 @@ class TrainingPanel(widgets.VBox):
         elif event.kind == "groups":
             self.group_view.set_groups(event.groups)
         elif event.kind == "trained":
+            if event.result is not None:
+                self._step = event.result.step
             self.train_bar.bar_style = "success"
             self.plot.refresh()
             metrics = event.result.metrics if event.result else {}
@@ -204,7 +212,7 @@ class TrainingPanel(widgets.VBox):
         self.stop_button.disabled = not busy or self.loop.stop_requested
 
     def _render_status(self) -> None:
-        step = self.model.store.latest_step() or 0
+        step = self.step
         pending = len(self.loop.pending)
         parts = [
             f"<b>{self.model.name}</b> · step <b>{step}</b>",
@@ -220,4 +228,5 @@ class TrainingPanel(widgets.VBox):
 
     @property
     def step(self) -> int:
-        return self.model.store.latest_step() or 0
+        """The model's newest step, as the backend last reported it."""
+        return self._step

@@ -49,13 +49,16 @@ def too_large_message(limit: int, size: int | None) -> str:
 
 
 def refusal(
-    scope: dict[str, Any], api_key: str, max_request_bytes: int, key_source: str
+    scope: dict[str, Any], api_key: str | None, max_request_bytes: int, key_source: str
 ) -> tuple[int, str] | None:
     """(401, why) for a missing or wrong key, (413, why) for a Content-Length over the limit, else None.
 
-    `key_source` tells the client where the right key lives, e.g. "HFEngine.api_key".
+    `key_source` tells the client where the right key lives, e.g. "HFEngine.api_key". `api_key=None` checks
+    only the size (`artnb serve` on 127.0.0.1 started without a key).
     """
-    if not secrets.compare_digest(header(scope, b"authorization"), f"Bearer {api_key}".encode()):
+    if api_key is not None and not secrets.compare_digest(
+        header(scope, b"authorization"), f"Bearer {api_key}".encode()
+    ):
         return 401, (
             f"missing or wrong API key: send 'Authorization: Bearer <key>' with the key this engine was started "
             f"with ({key_source})"
@@ -125,8 +128,8 @@ class RequestGuard:
     >>> app = RequestGuard(fastapi_app, api_key="k", max_request_bytes=2**20, key_source="HFEngine.api_key")
     """
 
-    def __init__(self, app: ASGIApp, *, api_key: str, max_request_bytes: int, key_source: str):
-        if not api_key:
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_request_bytes: int, key_source: str):
+        if api_key is not None and not api_key:  # None is an explicit "no key"; "" is a mistake
             raise ValueError("RequestGuard needs a non-empty api_key: an empty key would let anyone in")
         self.app, self.api_key, self.max_request_bytes = app, api_key, max_request_bytes
         self.key_source = key_source

@@ -1,0 +1,93 @@
+"""The contracts the layers meet at: a Backend (what models, loops and widgets call), an Engine (what serves
+inference) and a Trainer (what updates the adapter).
+
+Why Protocols: `LocalBackend` (this machine) and `RemoteBackend` (an `artnb serve` server) must be
+interchangeable under `model.register(backend)`, and the backend must be able to swap engines (vLLM, the HF
+engine) and trainers without the rest of artnb reading their private fields. The methods listed here are the
+whole surface each side may use; `runtime_checkable` lets tests check an implementation against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .model import Model, TrainableModel, TrainResult
+    from .trajectory import Trajectory, TrajectoryGroup
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Serves and trains models; what `Model`, `TrainableModel`, the training loop and the widgets rely on."""
+
+    path: Path  # the run directories this process reads: the runs themselves, or a local mirror of them
+
+    async def register(self, model: Model) -> None:
+        """Serve a TrainableModel (resuming its run); give any model the backend's place for its logs."""
+
+    async def get_step(self, model: TrainableModel) -> int:
+        """The newest committed step of the model's run."""
+
+    async def train(
+        self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup], **options: Any
+    ) -> TrainResult:
+        """One GRPO step, committed with its history row and rollouts."""
+
+    async def train_sft(
+        self, model: TrainableModel, trajectories: Iterable[Trajectory], **options: Any
+    ) -> TrainResult:
+        """One SFT step, committed like a GRPO step."""
+
+    async def log(
+        self, model: Model, split: str, step: int, row: dict[str, Any], groups: Sequence[TrajectoryGroup]
+    ) -> None:
+        """Record a history row and the groups' trajectories for `split` at `step` in the model's run."""
+
+    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
+        """Delete every checkpoint but the latest and the best; the deleted steps."""
+
+    def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
+        """The HTTP client behind `model.openai_client()`."""
+
+    async def close(self) -> None:
+        """Stop serving and release what the backend holds."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An OpenAI-compatible inference server with runtime LoRA loading (engines/process.py, vllm_engine.py)."""
+
+    base_url: str
+    api_key: str
+    log_path: Path
+
+    async def start(self, timeout: float = ...) -> None: ...
+    async def stop(self) -> None: ...
+    def stop_now(self) -> None: ...
+    def alive(self) -> bool: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None: ...
+    async def unload_adapter(self, lora_name: str) -> None: ...
+    async def hold(self) -> None:
+        """New requests wait (they do not fail) until release; returns once running requests finished."""
+
+    async def release(self) -> None: ...
+    async def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Updates a LoRA adapter on token sequences (trainers/peft_trainer.py); knows nothing of trajectories."""
+
+    @property
+    def max_seq_length(self) -> int: ...
+    def train(self, sequences: list[Any], config: Any, *, progress: bool = True) -> dict[str, float]: ...
+    def train_sft(self, sequences: list[Any], learning_rate: float, **options: Any) -> dict[str, float]: ...
+    def save_checkpoint(self, path: str | Path) -> None: ...
+    def load_checkpoint(self, path: str | Path) -> None: ...
+    def reset_optimizer(self) -> None: ...
