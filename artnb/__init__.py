@@ -81,7 +81,9 @@ __all__ = [
 
 
 # Imported on first use: `art.widgets` (ipywidgets, plotly) and ART's module paths (`art.utils`, `art.rewards`...).
-_LAZY_MODULES = {"widgets", "utils", "rewards", "local", "serverless", "skypilot", "types", "trajectories"}
+_LAZY_MODULES = {
+    "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types", "trajectories", "metrics", "integrations",
+}  # fmt: skip
 # Backends beyond this machine, imported on first use: name -> module.
 _LAZY_CLASSES = {
     "RemoteBackend": "backends.remote",

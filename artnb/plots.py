@@ -12,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .core.curves import Band, Curve, curves
+from .core.metrics import split_metric
 
 _BAND = {"train": "rgba(31,119,180,0.2)", "val": "rgba(255,127,14,0.2)"}
 _LINE = {"train": "rgb(31,119,180)", "val": "rgb(255,127,14)"}
@@ -107,7 +108,7 @@ def runs_figure(
     """
     fig = go.Figure()
     for label, (history, metric) in runs.items():
-        column = f"{split}/{metric}"
+        column = split_metric(split, metric)
         if column not in history.columns:
             raise KeyError(
                 f"run {label!r} has no {column!r} in its history; it has {sorted(history.columns)}"

@@ -9,3 +9,13 @@ def lab(tmp_path):
     """A JupyterLab server on 127.0.0.1 with a token, its config and state kept in tmp_path (see browser.py)."""
     with start_lab(tmp_path) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _costs_stay_in_their_test():
+    """Judge costs that name no model wait in a process-wide ledger for the next history row (core/costs.py);
+    each test starts with it empty, so one test's judge calls never appear in another's rows."""
+    from artnb.core import costs
+
+    costs.shared.drain()
+    yield

@@ -29,10 +29,13 @@ from typing import Any, Literal
 
 import httpx
 
+from .. import integrations
+from ..core import metrics as names
 from ..core.config import TrainConfig, TrainerConfig, resolve_train_config
+from ..core.contracts import Engine, Trainer
 from ..core.ignored import report_ignored, warn_user
-from ..core.model import Model, TrainableModel, TrainResult, _TrainedBatch
-from ..core.sft import TrainSFTConfig, merge_sft_config
+from ..core.model import Model, TrainableModel, TrainResult
+from ..core.sft import TrainSFTConfig, merge_sft_config, sft_step_line
 from ..core.store import RunLock, RunStore, copy_checkpoint_files
 from ..core.trajectory import Trajectory, TrajectoryGroup
 from ..dev.settings import InternalSettings, resolve_internal_config
@@ -152,6 +155,7 @@ class LocalBackend:
                 await served.engine.stop()
             finally:
                 self._release(served)
+                await asyncio.to_thread(integrations.close, served.model)  # e.g. finish the W&B run
 
     def _release(self, served: _Served) -> None:
         served.run_lock.release()
@@ -313,11 +317,11 @@ class LocalBackend:
             )
         return served
 
-    def engine_of(self, model: TrainableModel) -> Any:
+    def engine_of(self, model: TrainableModel) -> Engine:
         """The inference engine serving `model` (an HFEngine or VLLMEngine)."""
         return self._get(model).engine
 
-    def trainer_of(self, model: TrainableModel) -> Any:
+    def trainer_of(self, model: TrainableModel) -> Trainer:
         """The trainer that trains `model`'s adapter (a PeftTrainer)."""
         return self._get(model).trainer
 
@@ -389,14 +393,14 @@ class LocalBackend:
         extra_row = {}
         failures = getattr(trajectory_groups, "after_each_failures", None)  # from gather_trajectory_groups
         if failures is not None:
-            extra_row["train/after_each_failures"] = len(failures)
+            extra_row[names.AFTER_EACH_FAILURES] = len(failures)
         step = TrainStep(self, served, groups, config, extra_row)
         result = await step.run()
         if (
             result.step == step.step + 1
         ):  # committed: ART's `model.log(groups, split="train", ...)` merges into it
             commit = served.store.read_commit(result.step)
-            model._trained = _TrainedBatch(groups, (step.step, result.step), commit.id, dict(commit.history))
+            await model._record_trained(groups, (step.step, result.step), commit.id, commit.history, config)
         return result
 
     async def train_sft(
@@ -431,13 +435,10 @@ class LocalBackend:
         groups = [TrajectoryGroup(trajectories)] if trajectories else []
         step = TrainStep(self, served, groups, config)
         result = await step.run()
+        if result.step == step.step + 1 and (commit := served.store.read_commit(result.step)) is not None:
+            integrations.report(model, commit.history, config=config)
         if verbose:
-            m = result.metrics
-            print(
-                f"SFT step {step.step} -> {result.step}: {len(trajectories)} trajectories in "
-                f"{m['train/num_gradient_steps']:.0f} batches, loss {m['train/sft_loss']:.4f}, "
-                f"{m['data/num_dropped_too_long']:.0f} dropped as too long, {m['train/seconds']:.1f} s"
-            )
+            print(sft_step_line(result, len(trajectories)))
         return result
 
     async def _experimental_fork_checkpoint(
@@ -575,7 +576,7 @@ class LocalBackend:
         await asyncio.to_thread(store.append_history, row)
 
     async def delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
+        self, model: TrainableModel, best_checkpoint_metric: str = names.BEST_CHECKPOINT_METRIC
     ) -> list[int]:
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest. Returns deleted steps."""
         served = self._get(model)

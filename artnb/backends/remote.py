@@ -37,12 +37,14 @@ from urllib.parse import quote
 import httpx
 from tqdm.auto import tqdm
 
+from .. import integrations
+from ..core import metrics as names
 from ..core.atomic import write_atomic
 from ..core.config import TrainConfig, resolve_train_config
 from ..core.gather import GatheredGroups
 from ..core.ignored import warn_user
-from ..core.model import Model, NothingToTrainError, TrainableModel, TrainResult, _TrainedBatch
-from ..core.sft import TrainSFTConfig, merge_sft_config
+from ..core.model import Model, NothingToTrainError, TrainableModel, TrainResult
+from ..core.sft import TrainSFTConfig, merge_sft_config, sft_step_line
 from ..core.store import RunInUseError, RunStore
 from ..core.trajectory import Trajectory, TrajectoryGroup
 from ..core.wire import (
@@ -143,6 +145,8 @@ class RemoteBackend:
         if self._client is not None and self._client_loop is asyncio.get_running_loop():
             await self._client.aclose()
         self._client = self._client_loop = None
+        for model in self._models.values():
+            await asyncio.to_thread(integrations.close, model)  # e.g. finish the W&B run
 
     # registration ----------------------------------------------------------------------------------------
     async def register(self, model: Model) -> None:
@@ -237,7 +241,9 @@ class RemoteBackend:
         reply = await self._train_call(model, "train", body)
         result = result_from_wire(reply["result"])
         if (trained := reply.get("trained")) is not None:  # ART's `model.log(groups, split="train")` merges
-            model._trained = _TrainedBatch(groups, tuple(trained["steps"]), trained["commit"], trained["row"])
+            await model._record_trained(
+                groups, tuple(trained["steps"]), trained["commit"], trained["row"], config
+            )
         await self._sync(model)
         if config.verbose:
             print("artnb train: " + ", ".join(f"{k}={v:.4g}" for k, v in _numbers(result.metrics)))
@@ -272,13 +278,11 @@ class RemoteBackend:
         )
         result = result_from_wire((await self._train_call(model, "train_sft", body))["result"])
         await self._sync(model)
+        integrations.report(
+            model, {"step": result.step - 1, "split": "train", **result.metrics}, config=config
+        )
         if verbose:
-            m = result.metrics
-            print(
-                f"SFT step {result.step - 1} -> {result.step}: {len(trajectories)} trajectories in "
-                f"{m['train/num_gradient_steps']:.0f} batches, loss {m['train/sft_loss']:.4f}, "
-                f"{m['data/num_dropped_too_long']:.0f} dropped as too long, {m['train/seconds']:.1f} s"
-            )
+            print(sft_step_line(result, len(trajectories)))
         return result
 
     async def _train_call(self, model: TrainableModel, route: str, body: bytes) -> dict[str, Any]:
@@ -382,7 +386,7 @@ class RemoteBackend:
         await self._sync(model)
 
     async def delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str = "val/reward"
+        self, model: TrainableModel, best_checkpoint_metric: str = names.BEST_CHECKPOINT_METRIC
     ) -> list[int]:
         """Keep the latest checkpoint and the best by `best_checkpoint_metric` on the server; the deleted steps."""
         self._registered(model)

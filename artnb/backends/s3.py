@@ -37,7 +37,7 @@ from ..core.store import ADAPTER_FILES, RunStore
 
 WEIGHTS = ADAPTER_FILES[1]  # adapter_model.safetensors: uploaded last; its presence makes a step
 BUCKET_ENV = "BACKUP_BUCKET"  # ART's default bucket variable
-_SKIPPED = {".lock"}  # the writer lock belongs to this machine
+_SKIPPED = {".lock", "wandb"}  # the writer lock belongs to this machine; W&B keeps its own copy of its files
 
 
 class S3SyncError(RuntimeError):
@@ -100,7 +100,11 @@ def _local_files(store: RunStore) -> dict[str, Path]:
     steps = set(store.steps())
     for path in sorted(store.dir.rglob("*")):
         rel = path.relative_to(store.dir).as_posix()
-        if not path.is_file() or rel in _SKIPPED or any(p.startswith(".") for p in rel.split("/")):
+        if (
+            not path.is_file()
+            or rel.split("/")[0] in _SKIPPED
+            or any(p.startswith(".") for p in rel.split("/"))
+        ):
             continue  # checkpoint temp dirs (.0003-*) and write_atomic's .*.tmp files are not the run yet
         step = _checkpoint_step(rel)
         if rel.startswith("checkpoints/") and step not in steps:

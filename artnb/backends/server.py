@@ -62,7 +62,7 @@ from ..core.wire import (
     train_config_from_wire,
     trajectories_from_wire,
 )
-from .engines.guard import RequestGuard, error_body
+from .engines.guard import ClientGone, RequestGuard, error_body, while_connected
 from .local import LocalBackend
 
 log = logging.getLogger("artnb.serve")
@@ -110,10 +110,6 @@ class _Refused(Exception):
     def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
-
-
-class _ClientGone(Exception):
-    """The client disconnected while its proxied request was waiting for the engine."""
 
 
 class _PhaseEvents(logging.Handler):
@@ -340,8 +336,8 @@ class ArtnbServer:
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
         upstream = client.build_request(request.method, url, headers=headers, content=await request.body())
         try:
-            response = await _while_connected(request, client.send(upstream, stream=True))
-        except _ClientGone:
+            response = await while_connected(request, client.send(upstream, stream=True))
+        except ClientGone:
             return Response(status_code=499)
         except httpx.HTTPError as error:
             return JSONResponse(
@@ -545,26 +541,6 @@ def _finished_after_cancel(task: asyncio.Task) -> None:
         )
     else:
         log.info("artnb serve: an operation whose client disconnected finished: %s", task.result())
-
-
-async def _while_connected(request: Request, work: Awaitable[Any]) -> Any:
-    """Await `work`, cancelling it if the client disconnects first (then raise _ClientGone)."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, watch):
-            if not pending.done():
-                pending.cancel()
-    if task.cancelled() or not task.done():
-        raise _ClientGone
-    return task.result()
 
 
 def create_app(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from ..core import metrics as names
 from ..core.config import TrainConfig
 from ..core.ignored import warn_user
 from ..core.model import NothingToTrainError, TrainResult, summarize_groups
@@ -97,7 +98,7 @@ class TrainStep:
             batch = await self._tokenise()
             if not batch.sequences and (self.sft or batch.metrics["num_dropped_too_long"]):
                 return await self._nothing_to_train(batch.skipped_reason)
-            metrics: dict[str, Any] = {f"data/{k}": v for k, v in batch.metrics.items()}
+            metrics: dict[str, Any] = {names.data(k): v for k, v in batch.metrics.items()}
             if not batch.sequences:
                 return await self._advance_without_update(metrics, batch.skipped_reason)
             try:
@@ -154,7 +155,7 @@ class TrainStep:
                 f"nothing to train on at step {step}: {reason}. The step did not advance and nothing was "
                 f"written. {advice}"
             )
-        metrics = {"train/skipped": 1}
+        metrics = {names.SKIPPED: 1}
         await asyncio.to_thread(store.append_history, self._history_row(metrics))
         return TrainResult(
             step=step, metrics=metrics, checkpoint_path=str(store.checkpoint_path(step)), skipped=reason
@@ -167,7 +168,7 @@ class TrainStep:
             f"artnb: step {self.step} had nothing to train on: {reason}. The step still advances (checkpoint "
             f"{self.step + 1:04d} = {self.step:04d}) and its rollouts are recorded."
         )
-        metrics["train/skipped"] = 1
+        metrics[names.SKIPPED] = 1
         result = await self._commit(metrics, None)
         await self._publish_and_hot_load()
         return result.model_copy(update={"skipped": reason})
@@ -185,7 +186,7 @@ class TrainStep:
             await self.backend._on_trainer_thread(trainer.reset_optimizer)
         if not self.sft:
             trained = await self.backend._on_trainer_thread(trainer.train, batch.sequences, config)
-            return {f"train/{k}": v for k, v in trained.items()}
+            return {names.trainer(k): v for k, v in trained.items()}
         updates = []
         with tqdm(total=len(batch.batches), desc="sft train") as bar:
             for sequences, learning_rate in zip(batch.batches, batch.learning_rates, strict=True):
@@ -200,14 +201,14 @@ class TrainStep:
                 updates.append(await self.backend._on_trainer_thread(update))
                 bar.update()
                 bar.set_postfix(loss=f"{updates[-1]['loss']:.4f}")
-        return {f"train/{k}": v for k, v in summarize_sft_updates(updates).items()}
+        return {names.trainer(k): v for k, v in summarize_sft_updates(updates).items()}
 
     async def _commit(self, metrics: dict[str, Any], write: Any) -> TrainResult:
         """Checkpoint step+1 (written by `write`, or a copy when None) with the history row and the rollouts in
         it, in one rename: the commit point."""
         served, step = self.served, self.step
         self._enter("commit")
-        metrics["time/step_train_s"] = time.monotonic() - self.started
+        metrics[names.STEP_TRAIN_S] = time.monotonic() - self.started
         row = self._history_row(metrics)
         await self.backend._on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         served.step = step + 1
@@ -259,8 +260,14 @@ class TrainStep:
 
     def _history_row(self, metrics: dict[str, Any]) -> dict[str, Any]:
         # SFT examples have no reward: a 0 in train/reward would look like a collapse on the reward plot
-        summary = {} if self.sft else {f"train/{k}": v for k, v in summarize_groups(self.groups).items()}
-        return {"step": self.step, "split": "train", **summary, **self.extra_row, **metrics}
+        summary = (
+            {}
+            if self.sft
+            else {names.split_metric("train", k): v for k, v in summarize_groups(self.groups).items()}
+        )
+        return names.drop_duplicates(
+            {"step": self.step, "split": "train", **summary, **self.extra_row, **metrics}
+        )
 
 
 def _last_update_kind(store: RunStore, step: int) -> str | None:
@@ -270,9 +277,9 @@ def _last_update_kind(store: RunStore, step: int) -> str | None:
         commit = store.read_commit(checkpoint)
         if commit is None:
             return None
-        if "train/sft_loss" in commit.history:
+        if names.SFT_LOSS in commit.history:
             return "sft"
-        if "train/skipped" not in commit.history:
+        if names.SKIPPED not in commit.history:
             return "rl"
     return None
 

@@ -20,6 +20,7 @@ from typing import Literal
 
 import pandas as pd
 
+from .metrics import split_metric, std_of
 from .store import RunStore
 
 Band = Literal["std", "range", "none"]
@@ -66,7 +67,7 @@ def curves(
     splits = sorted(history["split"].dropna().unique()) if "split" in history else []
     for split in splits:
         rows = history[history["split"] == split]
-        col = f"{split}/{metric}" if f"{split}/{metric}" in rows else metric
+        col = split_metric(split, metric) if split_metric(split, metric) in rows else metric
         if col not in rows or col in _NOT_METRICS:
             continue
         means = rows.dropna(subset=[col]).groupby("step")[col].mean()
@@ -83,7 +84,7 @@ def _add_band(
 ) -> None:
     if band == "none":
         return
-    std_col = f"{curve.split}/{curve.metric}_std_dev"
+    std_col = split_metric(curve.split, std_of(curve.metric))
     if band == "std" and std_col in rows:
         std = rows.dropna(subset=[std_col]).groupby("step")[std_col].mean()
         s = [float(std.get(step, 0.0)) for step in curve.steps]

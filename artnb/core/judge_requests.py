@@ -23,6 +23,8 @@ from typing import Any
 import openai
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import costs
+
 log = logging.getLogger("artnb")
 
 
@@ -168,6 +170,7 @@ async def _request(
         max_retries=0,  # the OpenAI client's retries inside it (2 by default)
     )
     response = await asyncio.wait_for(call, timeout_s)
+    costs.record("judge/ruler", response, model=params.get("model"))
     return response.choices[0].message.content or ""
 
 

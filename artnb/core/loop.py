@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import metrics as names
 from .config import TrainConfig
 from .gather import gather_trajectory_groups
 from .model import TrainableModel, TrainResult
@@ -121,7 +122,7 @@ class TrainingLoop:
     def train_estimate_s(self) -> float | None:
         """Seconds the previous training step took, from the history; None before the first step."""
         history = self.model.history()
-        col = "time/step_train_s"
+        col = names.STEP_TRAIN_S
         if col not in history:
             return None
         values = history[col].dropna()

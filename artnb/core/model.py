@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from .. import integrations
+from . import costs
+from . import metrics as names
 from .config import LoRAConfig, TrainConfig
 from .ignored import report_ignored
 from .store import RunStore, check_name
@@ -82,6 +85,8 @@ class Model(BaseModel, Generic[ModelConfig]):
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
     _trained: _TrainedBatch | None = PrivateAttr(default=None)
+    _reporters: list | None = PrivateAttr(default=None)  # integrations.reporters(): W&B, Langfuse
+    _costs: costs.CostLedger = PrivateAttr(default_factory=costs.CostLedger)
 
     @field_validator("name", "project")
     @classmethod
@@ -110,7 +115,28 @@ class Model(BaseModel, Generic[ModelConfig]):
                 http_client=self._http_client(),
             )
             self._client_key = key
+            if not self.trainable:  # a hosted model: count its tokens and price under costs/model/{name}
+                _count_costs(
+                    self._openai_client, f"model/{self.name}", self.inference_model_name, self._costs
+                )
+            integrations.instrument(self, self._openai_client)
         return self._openai_client
+
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Add `config` to the model's W&B run config (ART's call); nothing happens when W&B is off for it."""
+        for reporter in integrations.reporters(self):
+            if hasattr(reporter, "update_config"):
+                reporter.update_config(config)
+
+    def metrics_builder(self, cost_context: str | None = None) -> costs.CostLedger:
+        """The ledger this model's next history row takes its `costs/...` from (ART's call). `cost_context` is
+        accepted for ART's signature; sources name themselves here (e.g. `judge/ruler`)."""
+        return self._costs
+
+    def activate_metrics_context(self, context: costs.CostLedger):
+        """`with model.activate_metrics_context(model.metrics_builder()):` API costs recorded inside the block
+        (RULER, `art.metrics.track_api_cost`) are this model's."""
+        return costs.activate(context)
 
     async def register(self, backend: Backend) -> None:
         """Attach this model to `backend`: a TrainableModel starts serving (engine, checkpoint resume); any model
@@ -123,9 +149,10 @@ class Model(BaseModel, Generic[ModelConfig]):
                     f"model {self.name!r}: its config cannot be saved as JSON ({error}); use JSON-friendly "
                     "field types (str, numbers, lists, dicts, nested pydantic models)"
                 ) from error
-        for field in ("entity", "id", "run_id", "report_metrics"):
-            if getattr(self, field) is not None:
-                report_ignored(f"Model.{field}", "it names a W&B run, and W&B logging is not integrated yet")
+        for name in set(self.report_metrics or ()) - {"wandb"}:
+            report_ignored(
+                f"report_metrics=[{name!r}]", "artnb reports to 'wandb' (and Langfuse, by its keys)"
+            )
         previous = (self._backend, self.base_path)
         self._backend = backend
         self.base_path = str(backend.path)
@@ -177,14 +204,15 @@ class Model(BaseModel, Generic[ModelConfig]):
         recorded the batch already. Returns the history row.
         """
         groups = _as_groups(trajectories)
-        metric_row = {k if "/" in k else f"{split}/{k}": v for k, v in (metrics or {}).items()}
+        metric_row = {k if "/" in k else names.split_metric(split, k): v for k, v in (metrics or {}).items()}
+        metric_row = {**costs.drain_for(self._costs), **metric_row}
         trained = self._trained
         if split == "train" and trained is not None and _same_groups(groups, trained.groups):
             if step is None or step in trained.steps:
                 return await self._merge_into_trained(trained, metric_row)
         step = await self.get_step() if step is None else step
         row: dict[str, Any] = {"step": step, "split": split}
-        row.update({f"{split}/{k}": v for k, v in summarize_groups(groups).items()})
+        row.update({names.split_metric(split, k): v for k, v in summarize_groups(groups).items()})
         row.update(metric_row)
         await self._write_log(split, step, row, groups)
         return row
@@ -205,10 +233,25 @@ class Model(BaseModel, Generic[ModelConfig]):
         """Through the backend when registered (it may be remote), else into the local run directory."""
         if self._backend is not None:
             await self._backend.log(self, split, step, row, groups)
-            return
-        if groups:
-            self.store.write_trajectories(split, step, groups)
-        self.store.append_history(row)
+        else:
+            if groups:
+                self.store.write_trajectories(split, step, groups)
+            self.store.append_history(row)
+        integrations.report(self, row, groups)
+
+    async def _record_trained(
+        self,
+        groups: list[TrajectoryGroup],
+        steps: tuple[int, int],
+        commit: str,
+        row: dict[str, Any],
+        config: TrainConfig,
+    ) -> None:
+        """A backend committed a training step on `groups` (steps: policy step, new step) with history `row`."""
+        self._trained = _TrainedBatch(groups, steps, commit, dict(row))
+        integrations.report(self, row, groups, config)
+        if spent := costs.drain_for(self._costs):  # what judges and hosted models cost during this step
+            await self._merge_into_trained(self._trained, spent)
 
     def history(self):
         """The logged history as a pandas DataFrame (one row per log call)."""
@@ -311,7 +354,9 @@ class TrainableModel(Model[ModelConfig]):
             options["_config"] = _config
         return await self._require_backend().train_sft(self, trajectories, config, **options)
 
-    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = names.BEST_CHECKPOINT_METRIC
+    ) -> list[int]:
         """Delete every checkpoint except the latest and the one with the best mean `best_checkpoint_metric`."""
         return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
 
@@ -379,7 +424,7 @@ def summarize_groups(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         out["reward"] = statistics.fmean(t.reward for t in trajs)
         stds = [statistics.pstdev(g.rewards()) for g in groups if len(g.trajectories) > 1]
         if stds:
-            out["reward_std_dev"] = statistics.fmean(stds)
+            out[names.std_of("reward")] = statistics.fmean(stds)
         keys = sorted({k for t in trajs for k in t.metrics})
         for k in keys:
             vals = [float(t.metrics[k]) for t in trajs if k in t.metrics]
@@ -400,3 +445,16 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for k, v in b.items():
         out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def _count_costs(client: Any, source: str, model_name: str | None, ledger: costs.CostLedger) -> None:
+    """Record the usage and price of each (non-streamed) chat completion `client` makes into `ledger`."""
+    create = client.chat.completions.create
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        response = await create(*args, **kwargs)
+        if getattr(response, "usage", None) is not None:
+            costs.record(source, response, model=kwargs.get("model") or model_name, ledger=ledger)
+        return response
+
+    client.chat.completions.create = counted

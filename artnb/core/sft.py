@@ -27,15 +27,19 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from transformers import PreTrainedTokenizerBase
 
+from . import metrics as names
 from .ignored import report_ignored
 from .tokenize import TokenizedSequence, _tokenize_history, _trainable_turns
 from .trajectory import History, Trajectory
+
+if TYPE_CHECKING:
+    from .model import TrainResult
 
 AUTO_BATCH_SIZE = 2  # ART's LocalBackend default for batch_size="auto"
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -294,7 +298,6 @@ def tokenize_sft(
         "num_trajectories": float(len(trajectories)),
         "num_sequences": float(len(sequences)),
         "num_dropped_too_long": float(len(dropped)),
-        "num_batches": float(len(batches)),
         "num_trainable_tokens": float(sum(s.num_trainable_tokens() for s in sequences)),
         "num_tokens": float(sum(len(s.token_ids) for s in sequences)),
     }
@@ -324,3 +327,13 @@ def summarize_sft_updates(updates: Iterable[dict[str, float]]) -> dict[str, floa
         "tokens_per_second": sum(u["tokens_per_second"] * u["seconds"] for u in updates) / seconds,
         "seconds": seconds,
     }
+
+
+def sft_step_line(result: TrainResult, num_trajectories: int) -> str:
+    """What `train_sft(..., verbose=True)` prints about a committed SFT step."""
+    m = result.metrics
+    return (
+        f"SFT step {result.step - 1} -> {result.step}: {num_trajectories} trajectories in "
+        f"{m[names.trainer('num_gradient_steps')]:.0f} batches, loss {m[names.SFT_LOSS]:.4f}, "
+        f"{m[names.data('num_dropped_too_long')]:.0f} dropped as too long, {m[names.trainer('seconds')]:.1f} s"
+    )

@@ -10,6 +10,7 @@ Layout under `{path}/{project}/models/{name}/`:
     trajectories/{split}/{step:04d}.parquet
     state.json                       the user's own state (e.g. position in a dataset)
     logs/                            engine logs
+    wandb/                           W&B's files for the model's run, when W&B reporting is on
 
 Why a training step is a transaction: a step makes three things (the new checkpoint, the history row that
 says what happened, the rollouts it trained on) and a crash between any two of them used to leave a step with
@@ -113,6 +114,11 @@ class RunStore:
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.dir)!r})"
+
+    @property
+    def wandb_dir(self) -> Path:
+        """Where W&B keeps this run's files (wandb.init's `dir`; W&B adds its own `wandb/` inside)."""
+        return self.dir
 
     # the writer lock -------------------------------------------------------------------------------
     @property

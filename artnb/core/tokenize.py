@@ -33,6 +33,7 @@ from openai.types.chat.chat_completion import Choice
 from transformers import AddedToken, PreTrainedTokenizerBase
 
 from .grpo import group_advantages
+from .metrics import std_of
 from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_rewards, choice_to_message
 
 NAN = float("nan")
@@ -389,7 +390,7 @@ def tokenize_groups(
         "num_trainable_tokens": float(sum(s.num_trainable_tokens() for s in sequences)),
         "num_tokens": float(sum(len(s.token_ids) for s in sequences)),
         "reward": sum(rewards) / num_trajectories if rewards else NAN,
-        "reward_std_dev": sum(stds) / len(stds) if stds else NAN,
+        std_of("reward"): sum(stds) / len(stds) if stds else NAN,
     }
     return TokenizedBatch(
         sequences, metrics, None if sequences else _skipped_reason(len(groups), zero, too_long)

@@ -9,11 +9,14 @@ phase, then stop), and everything the panel shows is tested through the loop's o
 from __future__ import annotations
 
 import contextlib
+import html
 from collections.abc import Coroutine
 from typing import Any
 
 import ipywidgets as widgets
 
+from .. import integrations
+from ..core import metrics as names
 from ..core.config import TrainConfig
 from ..core.loop import LoopEvent, Rollout, Scenarios, Scorer, TrainingLoop
 from ..core.model import TrainableModel
@@ -176,7 +179,7 @@ class TrainingPanel(widgets.VBox):
             self.train_bar.bar_style = "success"
             self.plot.refresh()
             metrics = event.result.metrics if event.result else {}
-            loss = metrics.get("train/loss")
+            loss = metrics.get(names.LOSS)
             if event.result is not None and event.result.skipped:
                 self.note = f"step {event.result.step}: no update ({event.result.skipped})"
             else:
@@ -224,6 +227,8 @@ class TrainingPanel(widgets.VBox):
             parts.append(f"{pending} groups gathered, not trained{scored}")
         if self.note:
             parts.append(f"<i>{self.note}</i>")
+        for name, url in integrations.links(self.model):  # the W&B run, the Langfuse traces
+            parts.append(f'<a href="{html.escape(url, quote=True)}" target="_blank">{html.escape(name)}</a>')
         self.status.value = " · ".join(parts)
 
     @property

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 from openai import AsyncOpenAI
 from test_server import KEY, free_port, serve_command, wait_for_health
+from tiny_loop import gather, pick
 from transformers import AutoTokenizer
 
 import artnb as art
@@ -124,32 +125,6 @@ def server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
-
-
-async def pick(client: AsyncOpenAI, model: art.TrainableModel, seed: int) -> art.Trajectory:
-    """Answer A (reward 1) or B (reward 0): trivially learnable."""
-    messages = [{"role": "system", "content": "Answer A or B."}, {"role": "user", "content": "Which?"}]
-    completion = await client.chat.completions.create(
-        model=model.get_inference_name(),
-        messages=messages,
-        max_tokens=2,
-        seed=seed,
-        extra_body={"guided_choice": ["A", "B"]},
-    )
-    choice = completion.choices[0]
-    return art.Trajectory(
-        messages_and_choices=[*messages, choice], reward=float(choice.message.content == "A")
-    )
-
-
-async def gather(model: art.TrainableModel, seed: int, client: AsyncOpenAI | None = None):
-    client = client or model.openai_client()
-    groups = await art.gather_trajectory_groups(
-        art.TrajectoryGroup(pick(client, model, seed * 100 + g * 10 + i) for i in range(8)) for g in range(2)
-    )
-    for g in groups:  # every group has something to learn, whatever the tiny model samples
-        g.trajectories[0].reward, g.trajectories[1].reward = 1.0, 0.0
-    return groups
 
 
 def test_a_remote_backend_is_a_backend_and_art_backend_makes_one(tmp_path):

@@ -21,7 +21,8 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
-from test_remote_backend import KEY, Server, gather
+from test_remote_backend import KEY, Server
+from tiny_loop import gather
 
 import artnb as art
 from artnb.backends import s3

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import pytest
 import torch
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
+from tiny_loop import gather
 
 import artnb as art
 from artnb.core.sft import TrainSFTConfig
@@ -121,14 +123,28 @@ async def test_a_failed_or_cancelled_sft_step_changes_nothing(tmp_path, base):
         assert len(calls) == 2  # the first batch did update the weights in memory; they were put back
         assert same(trainer_state(backend, model), start)
 
-        # cancelled while waiting for the running step: it never starts
-        served = backend._get(model)
-        async with served.step_lock:
-            task = asyncio.create_task(model.train_sft(EXAMPLES))
-            await asyncio.sleep(0.05)
-            task.cancel()
+        # cancelled while waiting for a running step: it never starts (the running one then fails)
+        entered, go_on, started = threading.Event(), threading.Event(), []
+
+        def blocked(*args, **kw):
+            started.append(1)
+            entered.set()
+            go_on.wait(60)
+            raise RuntimeError("stopped (simulated)")
+
+        trainer.train_sft = blocked
+        running = asyncio.create_task(model.train_sft(EXAMPLES))
+        assert await asyncio.to_thread(entered.wait, 60)
+        queued = asyncio.create_task(model.train_sft(EXAMPLES))
+        await asyncio.sleep(0.1)
+        queued.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await queued
+        go_on.set()
+        with pytest.raises(RuntimeError, match="simulated"):
+            await running
+        trainer.train_sft = original
+        assert started == [1]
 
         # refused before anything happens: wrong types, no data, a learning rate per batch that does not fit
         with pytest.raises(TypeError, match="takes art.Trajectory objects, got dict"):
@@ -182,31 +198,12 @@ async def test_train_sft_from_file(tmp_path, base):
         assert await model.get_step() == 2 and len(model.history()) == 2
 
 
-async def pick(model: art.TrainableModel, seed: int) -> art.Trajectory:
-    messages = [{"role": "user", "content": "A or B?"}]
-    completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(),
-        messages=messages,
-        max_tokens=2,
-        seed=seed,
-        extra_body={"guided_choice": ["A", "B"]},
-    )
-    choice = completion.choices[0]
-    return art.Trajectory(
-        messages_and_choices=[*messages, choice], reward=float(choice.message.content == "A")
-    )
-
-
 async def test_rl_after_sft_continues_from_the_sft_checkpoint(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
         await model.train_sft(EXAMPLES, TrainSFTConfig(learning_rate=1e-2, batch_size=2))
-        groups = await art.gather_trajectory_groups(
-            [art.TrajectoryGroup(pick(model, seed=g * 10 + i) for i in range(8)) for g in range(2)]
-        )
-        for g in groups:  # make sure both groups have something to learn
-            g.trajectories[0].reward, g.trajectories[1].reward = 1.0, 0.0
+        groups = await gather(model, 0)  # two groups, each with something to learn
         result = await model.train(groups, learning_rate=1e-9)
         assert result.step == 2 and "train/loss" in result.metrics
 

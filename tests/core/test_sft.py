@@ -117,7 +117,7 @@ def test_batches_learning_rates_and_over_length_examples(tok):
     config = TrainSFTConfig(learning_rate=[3e-4, 2e-4, 1e-4], batch_size=2)
     out = tokenize_sft(tok, trajs, config)
     assert [len(b) for b in out.batches] == [2, 2, 1] and out.learning_rates == [3e-4, 2e-4, 1e-4]
-    assert out.metrics["num_batches"] == 3 and out.metrics["num_dropped_too_long"] == 0
+    assert len(out.batches) == 3 and out.metrics["num_dropped_too_long"] == 0
     assert out.metrics["num_trainable_tokens"] == sum(s.num_trainable_tokens() for s in out.sequences)
     assert [s.trajectory_index for s in out.sequences] == [0, 1, 2, 3, 4]
 

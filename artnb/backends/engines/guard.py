@@ -1,4 +1,5 @@
-"""The door of both engine servers: the API key and the request-size limit, checked before a body is read.
+"""The door of both engine servers and of `artnb serve`: the API key and the request-size limit, checked before
+a body is read; and `while_connected`, which stops a request's work when its client goes away.
 
 Why a pure ASGI layer rather than a FastAPI dependency: FastAPI reads and parses a request's body before its
 dependencies run, so an auth check written as a dependency still lets anyone make the server read, buffer
@@ -17,10 +18,13 @@ and `BodyLimit` itself, since it also admits and rewrites requests. `/health` st
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 DEFAULT_MAX_REQUEST_BYTES = 32 * 2**20  # a 2048-token chat is ~10 kB; 32 MiB leaves room for long contexts
 MAX_REQUEST_BYTES_ENV = "ARTNB_MAX_REQUEST_BYTES"  # how VLLMEngine hands the limit to ServerMiddleware
@@ -146,3 +150,32 @@ class RequestGuard:
         except Exception:
             if not limit.refused:  # after a 413 the app may fail any way it likes: the client has its answer
                 raise
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was answered."""
+
+
+async def while_connected(request: Any, work: Awaitable[T]) -> T:
+    """Await `work`, unless the client disconnects first: then cancel it and raise ClientGone.
+
+    The body was already read, so the next message `receive()` gives is the disconnect.
+    """
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            if not pending.done():
+                pending.cancel()
+    if watch.done() and not watch.cancelled():
+        await asyncio.gather(
+            task, return_exceptions=True
+        )  # let it unwind (e.g. the HF engine marks its rows cancelled)
+        raise ClientGone
+    return task.result()

@@ -42,7 +42,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
@@ -54,7 +54,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard
+from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES, ClientGone, RequestGuard, while_connected
 from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
 from artnb.backends.engines.hf_grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.hf_protocol import (
@@ -350,33 +350,6 @@ class HFServer:
         prompt, rows = await self.on_prep_thread(self.rows_for, request, constraint, grammar)
         served = await self.scheduler.submit(request.model, rows)
         return await self.on_prep_thread(self.response_body, request, served, prompt, rows)
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request was answered."""
-
-
-async def while_connected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, unless the client disconnects first: then cancel it and raise ClientGone.
-
-    The body was already read, so the next message `receive()` gives is the disconnect.
-    """
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, watch):
-            if not pending.done():
-                pending.cancel()
-    if watch.done() and not watch.cancelled():
-        await asyncio.gather(task, return_exceptions=True)  # let it unwind (its rows are marked cancelled)
-        raise ClientGone
-    return task.result()
 
 
 def create_app(

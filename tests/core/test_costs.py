@@ -1,0 +1,75 @@
+"""Costs of judges and hosted models in the history (`costs/{source}/...`), against a real local OpenAI-compatible
+server (fake_openai.py; it reports 10 prompt and 10 completion tokens per request): RULER in a training loop,
+a hosted comparison model, `art.metrics.track_api_cost`, and ART's metrics_builder/activate_metrics_context."""
+
+from __future__ import annotations
+
+import pytest
+from fake_openai import FakeJudge
+from tiny_loop import gather
+
+import artnb as art
+from artnb.models import tiny
+
+BASE = tiny(hidden_size=64, num_layers=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def judge():
+    with FakeJudge() as server:
+        yield server
+
+
+async def test_ruler_costs_are_recorded_with_the_step_they_were_spent_in(judge, tmp_path):
+    params = {"api_base": judge.url, "api_key": "k"}
+    model = art.TrainableModel(name="agent", project="costs", base_model=BASE)
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        for step in range(2):
+            groups = await gather(model, step)
+            scored = [await art.ruler_score_group(g, "openai/judge", params, cache=False) for g in groups]
+            if step == 1:  # a judge whose price litellm knows: the spend in USD too
+                scored.append(
+                    await art.ruler_score_group(groups[0], "openai/gpt-4o-mini", params, cache=False)
+                )
+            await model.train(scored, config=art.TrainConfig(learning_rate=1e-2))
+    history = model.history().set_index("step")
+    assert list(history["costs/judge/ruler/requests"]) == [2, 3]
+    assert list(history["costs/judge/ruler/prompt_tokens"]) == [20, 30]
+    assert list(history["costs/judge/ruler/completion_tokens"]) == [20, 30]
+    assert history["costs/judge/ruler/usd"].isna()[0]  # "openai/judge" has no price: absent, not $0
+    assert 0 < history["costs/judge/ruler/usd"][1] < 0.001
+    assert len(history) == 2  # merged into each step's record, not rows of their own
+
+
+async def test_a_hosted_models_calls_are_its_own_costs(judge, tmp_path):
+    hosted = art.Model(name="gpt", project="costs", inference_base_url=judge.url, inference_api_key="k")
+    hosted.inference_model_name = "gpt-4o-mini"
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await hosted.register(backend)
+        for _ in range(3):
+            await hosted.openai_client().chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+            )
+        row = await hosted.log(split="val", metrics={"reward": 0.5})
+        assert row["costs/model/gpt/requests"] == 3 and row["costs/model/gpt/prompt_tokens"] == 30
+        assert row["costs/model/gpt/usd"] > 0
+        assert "costs/model/gpt/requests" not in await hosted.log(split="val", metrics={"reward": 0.4})
+
+
+async def test_track_api_cost_and_the_metrics_context(tmp_path):
+    @art.metrics.track_api_cost(source="tools/search", provider="openai", model_name="gpt-4o-mini")
+    async def search() -> dict:
+        return {"usage": {"prompt_tokens": 1000, "completion_tokens": 100}}
+
+    first = art.Model(name="first", project="costs", base_path=str(tmp_path))
+    second = art.Model(name="second", project="costs", base_path=str(tmp_path))
+    with second.activate_metrics_context(second.metrics_builder()):
+        await search()
+    await search()  # outside any context: the next row of any model takes it
+    row = await first.log(split="val", metrics={"reward": 1.0})
+    assert row["costs/tools/search/requests"] == 1 and row["costs/tools/search/prompt_tokens"] == 1000
+    row = await second.log(split="val", metrics={"reward": 1.0})
+    assert row["costs/tools/search/requests"] == 1 and row["costs/tools/search/usd"] > 0
+    with pytest.raises(ValueError, match="costs/<source>"):
+        art.metrics.track_api_cost(source="no spaces allowed")

@@ -1,0 +1,34 @@
+"""Rollouts for tests that train the tiny random model over real engines: answer A (reward 1) or B (reward 0),
+constrained to those two letters, with every group given something to learn whatever the model samples."""
+
+from __future__ import annotations
+
+from openai import AsyncOpenAI
+
+import artnb as art
+
+
+async def pick(client: AsyncOpenAI, model: art.TrainableModel, seed: int) -> art.Trajectory:
+    """Answer A (reward 1) or B (reward 0): trivially learnable."""
+    messages = [{"role": "system", "content": "Answer A or B."}, {"role": "user", "content": "Which?"}]
+    completion = await client.chat.completions.create(
+        model=model.get_inference_name(),
+        messages=messages,
+        max_tokens=2,
+        seed=seed,
+        extra_body={"guided_choice": ["A", "B"]},
+    )
+    choice = completion.choices[0]
+    return art.Trajectory(
+        messages_and_choices=[*messages, choice], reward=float(choice.message.content == "A")
+    )
+
+
+async def gather(model: art.TrainableModel, seed: int, client: AsyncOpenAI | None = None):
+    client = client or model.openai_client()
+    groups = await art.gather_trajectory_groups(
+        art.TrajectoryGroup(pick(client, model, seed * 100 + g * 10 + i) for i in range(8)) for g in range(2)
+    )
+    for g in groups:  # every group has something to learn, whatever the tiny model samples
+        g.trajectories[0].reward, g.trajectories[1].reward = 1.0, 0.0
+    return groups
