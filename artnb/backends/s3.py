@@ -370,9 +370,11 @@ def _pull_file(
     local = store.dir / rel
     if local.is_file() and _same(local, remote, immutable=False):
         return
-    with tempfile.TemporaryDirectory(dir=store.dir if store.dir.is_dir() else None) as tmp:
+    store.dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(
+        dir=store.dir, prefix=".pull-"
+    ) as tmp:  # dot: never pushed, never a step
         fetched = Path(tmp) / "object"
-        store.dir.mkdir(parents=True, exist_ok=True)
         _download(client, bucket, root + rel, fetched)
         data = fetched.read_bytes()
     if local.is_file() and not delete:
