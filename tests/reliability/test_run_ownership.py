@@ -126,6 +126,17 @@ class PauseAt(logging.Handler):
             time.sleep(self.seconds)
 
 
+class SeenPhase(logging.Handler):
+    """Notes when the backend enters a phase (the step's log records name it), without slowing it."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.phase, self.seen = phase, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen = self.seen or getattr(record, "artnb_phase", None) == self.phase
+
+
 def trainer_matches_checkpoint(backend: art.LocalBackend, model: art.TrainableModel) -> bool:
     saved = load_file(
         str(model.store.checkpoint_path(model.store.latest_step()) / "adapter_model.safetensors")
@@ -140,10 +151,18 @@ async def test_a_cancelled_train_commits_first_then_raises(tmp_path, base):
         await model.register(backend)
         groups = await gather(model, seed=1)
         engine = backend.engine_of(model)
-        task = asyncio.create_task(model.train(groups, learning_rate=1e-2))
-        while not (await engine.stats())["held"]:  # the trainer is running
-            await asyncio.sleep(0.01)
-        task.cancel()
+        logger = logging.getLogger("artnb")
+        training = SeenPhase("train")  # the engine is held a moment before the trainer starts
+        logger.addHandler(training)
+        logger.setLevel(logging.DEBUG)
+        try:
+            task = asyncio.create_task(model.train(groups, learning_rate=1e-2))
+            while not training.seen:
+                await asyncio.sleep(0.01)
+            task.cancel()
+        finally:
+            logger.removeHandler(training)
+            logger.setLevel(logging.NOTSET)
         with pytest.raises(asyncio.CancelledError):
             await task
         # memory, disk and the served adapter agree on step 1
@@ -157,7 +176,6 @@ async def test_a_cancelled_train_commits_first_then_raises(tmp_path, base):
 
         # asyncio.wait_for whose timeout passes as the trainer starts: reported after the step committed
         groups = await gather(model, seed=2)
-        logger = logging.getLogger("artnb")
         handler = PauseAt("train", seconds=0.5)
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG)
