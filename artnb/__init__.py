@@ -10,7 +10,7 @@ from dotenv import find_dotenv, load_dotenv  # noqa: E402
 # (ART's default search starts at the package's own folder); variables already set are kept.
 load_dotenv(find_dotenv(usecwd=True))
 
-from . import dev, models, tutorial  # noqa: E402
+from . import dev, explain, models, tutorial  # noqa: E402
 from .backends.local import EngineDiedError, LocalBackend  # noqa: E402
 from .core.compare import RewardComparison, compare_rewards  # noqa: E402
 from .core.config import LoRAConfig, TrainConfig, TrainerConfig  # noqa: E402
@@ -24,6 +24,7 @@ from .core.gather import (  # noqa: E402
     retry,
 )
 from .core.judge_requests import JudgeLimits, JudgeRequestError, RulerError  # noqa: E402
+from .core.local_judge import LocalJudge as LocalJudge  # noqa: E402 (exported)
 from .core.model import Model, NothingToTrainError, TrainableModel, TrainResult  # noqa: E402
 from .core.ruler import DEFAULT_RUBRIC, ruler, ruler_score_group  # noqa: E402
 from .core.sft import TrainSFTConfig  # noqa: E402
@@ -69,6 +70,7 @@ __all__ = [
     "compare_rewards",
     "dev",
     "evaluate",
+    "explain",
     "gather_trajectories",
     "gather_trajectory_groups",
     "models",
@@ -83,6 +85,7 @@ __all__ = [
 # Imported on first use: `art.widgets` (ipywidgets, plotly) and ART's module paths (`art.utils`, `art.rewards`...).
 _LAZY_MODULES = {
     "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types", "trajectories", "metrics", "integrations",
+    "autorl",
 }  # fmt: skip
 # Backends beyond this machine, imported on first use: name -> module.
 _LAZY_CLASSES = {

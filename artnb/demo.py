@@ -1,7 +1,8 @@
 """`make demo` / `artnb demo`: train the embedded model on tic-tac-toe on this machine and report the curve.
 
-One readable recipe: register, then per step gather groups of games, train, print a line, and finally write an
-HTML report with the reward curve. Each group replays one opponent seed, so the rollouts in a group differ only
+One readable recipe: register, then per step gather groups of games, train, print a line; then play the same
+fixed evaluation games greedily with the base model and the trained one, so a newcomer sees what training did,
+and write an HTML report with the reward curves and that comparison. Each group replays one opponent seed, so the rollouts in a group differ only
 by the model's sampling, which is what GRPO compares.
 
 With `--ruler`, each group is scored by RULER before training, the judge being the base model on the same
@@ -21,11 +22,12 @@ from . import models
 from .backends.local import LocalBackend
 from .core.compare import compare_rewards
 from .core.config import TrainConfig
+from .core.evaluate import evaluate, summarize_evaluation
 from .core.gather import gather_trajectory_groups
 from .core.model import TrainableModel, summarize_groups
 from .core.ruler import ruler_score_group
 from .core.trajectory import TrajectoryGroup
-from .plots import reward_figure
+from .plots import evaluation_figure, reward_figure
 from .tasks import tic_tac_toe
 
 
@@ -43,6 +45,7 @@ class DemoConfig:
     seed: int = 0
     engine: str = "auto"
     ruler: bool = False  # rewards from RULER (the base model judging each group) instead of the game's
+    eval_games: int = 16  # fixed opponent seeds both models play greedily at the end (0: skip)
 
 
 async def run_demo(cfg: DemoConfig) -> list[dict]:
@@ -87,18 +90,39 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
                 flush=True,
             )
         history = model.history()
+        evaluation = await _base_against_trained(model, cfg) if cfg.eval_games else None
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
     figs = [
         reward_figure(history, m, title=t)
         for m, t in [("reward", "mean reward"), ("legal_move_rate", "legal-move rate"), ("win", "win rate")]
     ]
+    if evaluation is not None:
+        figs.append(evaluation_figure(evaluation, EVAL_METRICS))
     html = "<h1>artnb demo: tic-tac-toe</h1>" + "".join(
         f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)
     )
     report.write_text(f"<html><head><meta charset='utf-8'></head><body>{html}</body></html>")
     print(f"report: {report.resolve()}")
     return rows
+
+
+EVAL_METRICS = ("reward", "win", "legal_move_rate")
+EVAL_SEEDS_FROM = 1_000_000  # never a training seed
+
+
+async def _base_against_trained(model: TrainableModel, cfg: DemoConfig):
+    """The same fixed games, greedy, for the base model and the newest checkpoint; printed as a table."""
+    models_ = {"base": model.as_base_model(), f"trained (step {await model.get_step()})": model}
+    seeds = range(EVAL_SEEDS_FROM, EVAL_SEEDS_FROM + cfg.eval_games)
+    table = await evaluate(tic_tac_toe.rollout, models_, seeds, temperature=0, pbar_desc="base vs trained")
+    summary = summarize_evaluation(table, EVAL_METRICS)
+    print(f"\nbase vs trained: the same {cfg.eval_games} games, greedy (temperature 0)")
+    print(f"{'model':<20} {'reward':>7} {'win':>5} {'legal':>6}")
+    for label in summary.index:
+        means = [summary.loc[label, (m, "mean")] for m in EVAL_METRICS]
+        print(f"{label:<20} {means[0]:>7.3f} {means[1]:>5.2f} {means[2]:>6.2f}")
+    return table
 
 
 def main(cfg: DemoConfig) -> list[dict]:

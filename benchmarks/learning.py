@@ -6,6 +6,12 @@ Baseline: the base model (the same engine, no adapter) on the same evaluation sc
 
     python benchmarks/learning.py --task tic_tac_toe --steps 12
     python benchmarks/learning.py --task 2048 --steps 8 --engine hf
+    python benchmarks/learning.py --task temporal_clue --steps 12
+    python benchmarks/learning.py --task art_e --steps 8
+
+Every tutorial's task is here but Codenames (self-play: each game makes groups for four roles, see
+notebooks/codenames.ipynb) and AutoRL (its reward is a judge's, so `artnb.autorl.evaluate` compares base and
+trained there).
 """
 
 from __future__ import annotations
@@ -23,11 +29,16 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
 import artnb as art  # noqa: E402
-from artnb.tasks import game_2048, tic_tac_toe  # noqa: E402
+from artnb.tasks import email_agent, game_2048, temporal_clue, tic_tac_toe  # noqa: E402
 
 TASKS = {
     "tic_tac_toe": (tic_tac_toe.rollout, ["reward", "win", "legal_move_rate"]),
     "2048": (game_2048.rollout, ["reward", "win", "max_tile", "valid_move_rate"]),
+    "temporal_clue": (
+        functools.partial(temporal_clue.rollout, difficulty=1),
+        ["reward", "correct_fields", "solved"],
+    ),
+    "art_e": (email_agent.rollout, email_agent.METRICS),
 }
 
 

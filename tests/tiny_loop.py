@@ -3,6 +3,10 @@ constrained to those two letters, with every group given something to learn what
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 from openai import AsyncOpenAI
 
 import artnb as art
@@ -32,3 +36,12 @@ async def gather(model: art.TrainableModel, seed: int, client: AsyncOpenAI | Non
     for g in groups:  # every group has something to learn, whatever the tiny model samples
         g.trajectories[0].reward, g.trajectories[1].reward = 1.0, 0.0
     return groups
+
+
+@contextlib.asynccontextmanager
+async def tiny_model_served(path: Path, name: str) -> AsyncIterator[art.TrainableModel]:
+    """A TrainableModel on the tiny random model, registered on a LocalBackend with the HF engine (a few seconds)."""
+    model = art.TrainableModel(name=name, project="tests", base_model=art.models.tiny())
+    async with art.LocalBackend(path=path, engine="hf") as backend:
+        await model.register(backend)
+        yield model

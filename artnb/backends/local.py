@@ -325,6 +325,10 @@ class LocalBackend:
         """The trainer that trains `model`'s adapter (a PeftTrainer)."""
         return self._get(model).trainer
 
+    def tokenizer_of(self, model: TrainableModel) -> Any:
+        """The tokenizer the trainer tokenises `model`'s trajectories with (e.g. for `art.explain.trained_tokens`)."""
+        return self._get(model).tokenizer
+
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`: restarts a dead engine before the next request."""
         return httpx.AsyncClient(

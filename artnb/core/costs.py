@@ -93,6 +93,8 @@ def price(response: Any, model: str | None, prompt_tokens: int, completion_token
     """litellm's estimate in USD, or None when it does not know the model's price."""
     import litellm
 
+    # Else litellm prints its provider list for each unpriced model, such as our own engines' names.
+    litellm.suppress_debug_info = True
     with contextlib.suppress(Exception):
         return float(litellm.completion_cost(completion_response=response))
     if model:

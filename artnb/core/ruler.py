@@ -6,10 +6,12 @@ hand-written reward function (`ruler_score_group`), or checks one (`compare_rewa
 
 Design choices:
 - Any judge litellm reaches (`"openai/o4-mini"`, `"hosted_vllm/..."`, `"ollama/..."`), or any `art.Model`,
-  such as the local base model our engine serves, which works offline with no API key. An `art.Model` judge
-  is called through litellm's OpenAI provider at the model's endpoint, with a JSON schema made for this group
-  (each id once, in order; scores in [0, 1]; short explanations), which our engines and vLLM enforce while
-  decoding, so even the 135M embedded model answers with usable JSON.
+  such as the local base model our engine serves, which works offline with no API key. `art.LocalJudge()`
+  (local_judge.py) scores offline from token probabilities instead, one attempt at a time, which a small
+  model does better than writing the list; it bypasses the cache and request limits below. An `art.Model`
+  judge is called through litellm's OpenAI provider at the model's endpoint, with a JSON schema made for this
+  group (each id once, in order; scores in [0, 1]; short explanations), which our engines and vLLM enforce
+  while decoding, so even the 135M embedded model answers with usable JSON.
 - Scores are matched to trajectories by id, never by position. A reply with a missing, duplicate or unknown
   id, a score outside [0, 1] or broken JSON is sent back to the judge once, with the problem stated; a second
   bad reply is a `RulerError` naming the problem and what to change.
@@ -43,8 +45,9 @@ from pydantic import BaseModel, ValidationError
 from .cache import cache_dir as artnb_cache_dir
 from .judge_cache import JudgeCache
 from .judge_requests import JudgeLimits, RulerError, fold_litellm_limits, request_judge
+from .local_judge import LocalJudge
 from .model import Model
-from .trajectory import Message, TrajectoryGroup, choice_to_message
+from .trajectory import Message, TrajectoryGroup, choice_to_message, shared_prefix
 
 log = logging.getLogger("artnb")
 
@@ -100,7 +103,7 @@ class _Unusable(ValueError):
 
 async def ruler(
     message_lists: Iterable[Sequence[Message]],
-    judge_model: str | Model,
+    judge_model: str | Model | LocalJudge,
     extra_litellm_params: dict[str, Any] | None = None,
     rubric: str = DEFAULT_RUBRIC,
     tools: list[dict[str, Any]] | None = None,
@@ -117,7 +120,8 @@ async def ruler(
     Example:
         scores = await art.ruler([t.messages() for t in group], "openai/o4-mini")
 
-    judge_model: a litellm model string, or an `art.Model` / `art.TrainableModel` (its endpoint is used).
+    judge_model: a litellm model string, an `art.Model` / `art.TrainableModel` (its endpoint is used), or an
+        `art.LocalJudge()`, which runs in this process (no cache, no requests, no limits needed).
     extra_litellm_params: more `litellm.acompletion` arguments (api_base, api_key, temperature...). Its
         `timeout` (seconds) replaces `limits.timeout_s`, and its `num_retries` (else `max_retries`) = n sets
         `limits.max_attempts` to n + 1, as code written for litellm expects; setting the same thing in both
@@ -140,6 +144,12 @@ async def ruler(
     judge_ids = [unique.setdefault(_canonical(messages), len(unique) + 1) for messages in lists]
     distinct = [lists[judge_ids.index(i)] for i in range(1, len(unique) + 1)]
     ids = [str(i) for i in range(1, len(distinct) + 1)]
+    if isinstance(judge_model, LocalJudge):
+        found = await judge_model.score(distinct, rubric, tools)
+        return [
+            TrajectoryScore(trajectory_id=str(n + 1), explanation=found[j - 1][1], score=found[j - 1][0])
+            for n, j in enumerate(judge_ids)
+        ]
     params, identity, constrained = await _judge_params(judge_model, extra_litellm_params)
     messages = [
         {"role": "system", "content": _SYSTEM.format(scope=_MANY if len(ids) > 1 else _ONE, rubric=rubric)},
@@ -171,7 +181,7 @@ async def ruler(
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge_model: str | Model,
+    judge_model: str | Model | LocalJudge,
     extra_litellm_params: dict[str, Any] | None = None,
     rubric: str = DEFAULT_RUBRIC,
     *,
@@ -368,7 +378,7 @@ def _parse(content: str, ids: list[str]) -> dict[str, TrajectoryScore]:
 
 
 def _user_prompt(distinct: list[list[Message]], tools: list[dict[str, Any]] | None) -> str:
-    shared = _shared_prefix(distinct) if len(distinct) > 1 else 0
+    shared = shared_prefix(distinct) if len(distinct) > 1 else 0
     parts = []
     if shared:
         parts.append(f"<context>\n{_render(distinct[0][:shared])}\n</context>")
@@ -381,14 +391,6 @@ def _user_prompt(distinct: list[list[Message]], tools: list[dict[str, Any]] | No
         for i, messages in enumerate(distinct, start=1)
     ]
     return "\n\n".join(parts)
-
-
-def _shared_prefix(lists: list[list[Message]]) -> int:
-    """How many leading messages every conversation has in common."""
-    n = 0
-    while all(len(m) > n for m in lists) and all(m[n] == lists[0][n] for m in lists[1:]):
-        n += 1
-    return n
 
 
 def _render(messages: list[Message]) -> str:

@@ -208,6 +208,14 @@ class PendingGroup:
         return run_group(self).__await__()
 
 
+def shared_prefix(lists: list[list[Any]]) -> int:
+    """How many leading messages every conversation has in common (a judge shows those once, as the task)."""
+    n = 0
+    while all(len(m) > n for m in lists) and all(m[n] == lists[0][n] for m in lists[1:]):
+        n += 1
+    return n
+
+
 def check_rewards(groups: Iterable[TrajectoryGroup]) -> None:
     """Raise naming the trajectory if a reward is not a finite number."""
     for gi, group in enumerate(groups):

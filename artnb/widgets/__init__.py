@@ -3,6 +3,7 @@
 - `GroupView(group_or_groups)`: the trajectories as chats sorted by reward, tokens coloured by logprob.
 - `RulerComparison(group_or_groups, judge=...)`: your reward beside RULER's score; edit the rubric, re-score.
 - `TrainingPanel(model, rollout, scenarios)`: Gather, Score, Train step, Run N, Stop; live plot and groups.
+- `ScenarioEditor(scenarios)`: AutoRL's generated scenarios as editable rows; `.scenarios` validates them.
 - `RewardPlot(model_or_run_dir)`: mean reward (or any metric) per step with a spread band, live or from disk.
 
 They are plain ipywidgets and plotly FigureWidgets (tested in JupyterLab 4.6 by tests/widgets/test_browser.py).
@@ -28,6 +29,14 @@ enable_colab_widgets()
 from .group_view import GroupView  # noqa: E402
 from .reward_plot import RewardPlot  # noqa: E402
 from .ruler_comparison import RulerComparison  # noqa: E402
+from .scenario_editor import ScenarioEditor  # noqa: E402
 from .training_panel import TrainingPanel  # noqa: E402
 
-__all__ = ["GroupView", "RewardPlot", "RulerComparison", "TrainingPanel", "enable_colab_widgets"]
+__all__ = [
+    "GroupView",
+    "RewardPlot",
+    "RulerComparison",
+    "ScenarioEditor",
+    "TrainingPanel",
+    "enable_colab_widgets",
+]

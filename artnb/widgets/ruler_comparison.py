@@ -24,12 +24,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..core.compare import RewardComparison, compare_rewards
+from ..core.local_judge import LocalJudge
 from ..core.model import Model
 from ..core.trajectory import TrajectoryGroup
 from .background import Background
 from .render import STYLE, table_html
 
-Judge = str | Model
+Judge = str | Model | LocalJudge
 GroupScorer = Callable[..., Awaitable[TrajectoryGroup | None]]
 
 
@@ -276,4 +277,8 @@ def _judge_key(judge: Judge) -> str:
         return f"{judge.name} (art.Model)"
     if isinstance(judge, str):
         return judge
-    raise TypeError(f"a judge is a litellm model string or an art.Model, got {type(judge).__name__}")
+    if isinstance(judge, LocalJudge):
+        return f"LocalJudge ({judge.method}, offline)"
+    raise TypeError(
+        f"a judge is a litellm model string, an art.Model or an art.LocalJudge, got {type(judge).__name__}"
+    )

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from tiny_loop import tiny_model_served
 
 import artnb as art
 from artnb.core.loop import LoopBusy, TrainingLoop
@@ -11,11 +12,8 @@ from artnb.tasks import tic_tac_toe
 
 @pytest.fixture(scope="module")
 async def model(tmp_path_factory):
-    model = art.TrainableModel(name="loop", project="tests", base_model=art.models.tiny())
-    backend = art.LocalBackend(path=tmp_path_factory.mktemp("art"), engine="hf")
-    await model.register(backend)
-    yield model
-    await backend.close()
+    async with tiny_model_served(tmp_path_factory.mktemp("art"), "loop") as model:
+        yield model
 
 
 def recorder(loop: TrainingLoop) -> list:

@@ -28,8 +28,18 @@ PICTURES = {
     "2048": (".artnb-training-panel", 0),
     "codenames": (".artnb-group-view", 0),  # the self-play groups, one per board, team and role
     "reward_debugging": (".artnb-ruler-comparison", 0),
+    "temporal_clue": (".artnb-trained-tokens", 0),  # one answer's tokens as the trainer sees them
+    "art_e": (".artnb-ruler-comparison", 0),  # the planted-answer reward beside RULER's
+    "auto_rl": (".artnb-scenario-editor", 0),  # the generated scenarios, editable
 }
-PANELS = [".artnb-training-panel", ".artnb-group-view", ".artnb-ruler-comparison", ".artnb-reward-plot"]
+PANELS = [
+    ".artnb-training-panel",
+    ".artnb-group-view",
+    ".artnb-ruler-comparison",
+    ".artnb-reward-plot",
+    ".artnb-trained-tokens",
+    ".artnb-scenario-editor",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +53,8 @@ def quick_mode_env(monkeypatch):
 
 
 def test_every_tutorial_is_tested():
-    assert {p.stem for p in NOTEBOOKS} == {"tic_tac_toe", "2048", "codenames", "reward_debugging"}
+    tutorials = {"tic_tac_toe", "2048", "codenames", "reward_debugging", "temporal_clue", "art_e", "auto_rl"}
+    assert {p.stem for p in NOTEBOOKS} == tutorials
     assert set(PICTURES) == {p.stem for p in NOTEBOOKS}
 
 

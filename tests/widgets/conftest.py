@@ -1,6 +1,7 @@
 """One tiny random Llama served by LocalBackend(engine="hf") for all widget tests (a few seconds to start)."""
 
 import pytest
+from tiny_loop import tiny_model_served
 
 import artnb as art
 from artnb.tasks import tic_tac_toe
@@ -9,11 +10,8 @@ from artnb.tasks import tic_tac_toe
 @pytest.fixture(scope="session")
 async def served(tmp_path_factory):
     """A registered TrainableModel on a tiny model; tests share it (steps advance across tests)."""
-    model = art.TrainableModel(name="widgets", project="tests", base_model=art.models.tiny())
-    backend = art.LocalBackend(path=tmp_path_factory.mktemp("art"), engine="hf")
-    await model.register(backend)
-    yield model
-    await backend.close()
+    async with tiny_model_served(tmp_path_factory.mktemp("art"), "widgets") as model:
+        yield model
 
 
 @pytest.fixture(scope="session")
