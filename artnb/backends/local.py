@@ -41,7 +41,9 @@ from ..core.trajectory import Trajectory, TrajectoryGroup
 from ..dev.settings import InternalSettings, resolve_internal_config
 from ..models import adapter_directory, resolve_base_model
 from . import s3
+from .gpu_presets import GPUPreset
 from .train_step import TrainStep
+from .trainers.choice import TRAINER_KINDS, TrainerKind
 
 log = logging.getLogger("artnb")
 
@@ -61,14 +63,27 @@ class _Served:
     base_path: str
     store: RunStore
     run_lock: RunLock
-    engine: Any
-    trainer: Any
-    tokenizer: Any
+    engine: Engine
+    trainer: Trainer
+    tokenizer: Any  # a transformers tokenizer
     step: int  # the newest committed step (this process is the run's only writer)
     settings: InternalSettings  # what the model's `_internal_config` asks for (artnb/dev/settings.py)
     serving_step: int | None = None  # the step whose adapter the engine serves as the plain name
     step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _copy_fork(source: RunStore, step: int, target: RunStore) -> None:
+    """Copy `source`'s checkpoint `step` into `target`, a run that has not trained (at most its step 0)."""
+    if target.steps() not in ([], [0]):
+        raise ValueError(
+            f"{target.project}/{target.name} has trained already (checkpoints {target.steps()}); fork into a new "
+            "model name so the two runs' steps do not mix"
+        )
+    if step == 0 and target.steps() == [0]:
+        target.delete_checkpoint(0)
+    src = source.checkpoint_path(step)
+    target.write_checkpoint(step, lambda tmp: copy_checkpoint_files(src, tmp))
 
 
 class LocalBackend:
@@ -83,7 +98,13 @@ class LocalBackend:
       transformers server: runs wherever torch does, starts in seconds) or "auto": vLLM when it imports, else
       the HF engine; if vLLM is installed but cannot serve this model (e.g. a tiny test model on vLLM's CPU
       kernels), "auto" warns with vLLM's reason and uses the HF engine.
-    trainer: "auto" or "peft" (torch + PEFT, on CUDA when available, else fp32 on the CPU).
+    trainer: "peft" (torch + PEFT, on CUDA when available, else fp32 on the CPU), "unsloth" (Unsloth's kernels and
+      4-bit loading; CUDA only, `pip install 'artnb[gpu]'`) or "auto": Unsloth on CUDA where it imports, else PEFT,
+      saying why once. Both write the same checkpoints, so a run can switch between them.
+    gpu_preset: on CUDA, what vLLM and the trainer get on this card for this model (backends/gpu_presets.py: vLLM's
+      memory share, context length, 4-bit or 16-bit trainer weights, fp16 on a T4). "auto" detects the card; a
+      GPUPreset is used as given; None leaves vLLM and the trainer at their own defaults. The model's
+      `_internal_config` overrides its fields, and `engine_options` override its vLLM flags. Nothing on a CPU.
     engine_options: keyword arguments for the engine, e.g. for vLLM `{"extra_args": ["--max-model-len",
       "4096"], "max_loras": 2}` (see VLLMEngine), for the HF engine `{"max_batch_size": 16}` (see HFEngine).
     """
@@ -93,9 +114,10 @@ class LocalBackend:
         path: str | Path | None = "./.art",
         *,
         engine: Literal["auto", "vllm", "hf"] = "auto",
-        trainer: Literal["auto", "peft"] = "auto",
+        trainer: TrainerKind = "auto",
         trainer_config: TrainerConfig | None = None,
         engine_options: dict[str, Any] | None = None,
+        gpu_preset: GPUPreset | Literal["auto"] | None = "auto",
         in_process: bool = False,
         gpu_cost_per_hour_usd: float | None = None,
     ) -> None:
@@ -110,10 +132,22 @@ class LocalBackend:
             path = "./.art"
         if engine not in ("auto", "vllm", "hf"):
             raise ValueError(f"engine={engine!r}: choose 'auto', 'vllm' or 'hf'")
-        if trainer not in ("auto", "peft"):
-            raise ValueError(f"trainer={trainer!r}: choose 'auto' or 'peft'")
+        if trainer not in TRAINER_KINDS:
+            raise ValueError(f"trainer={trainer!r}: choose 'auto', 'peft' or 'unsloth'")
+        if trainer == "unsloth":
+            from .trainers.choice import choose_trainer
+            from .trainers.unsloth_trainer import unsloth_problem
+
+            # no GPU or no package fails here; whether `import unsloth` works is checked at register
+            choose_trainer(trainer, on_cuda=True, unsloth_problem=unsloth_problem(try_import=False))
+        if not (gpu_preset in ("auto", None) or isinstance(gpu_preset, GPUPreset)):
+            raise TypeError(
+                f"gpu_preset={gpu_preset!r}: pass 'auto', None or a GPUPreset (gpu_presets.preset_for)"
+            )
         self.path = Path(path).expanduser().resolve()
         self.engine = engine  # what was asked for; each registered model's engine says what runs
+        self.trainer = trainer
+        self.gpu_preset = gpu_preset
         self.trainer_config = trainer_config or TrainerConfig()
         self.engine_options = dict(engine_options or {})
         self._served: dict[tuple[str, str], _Served] = {}
@@ -199,12 +233,19 @@ class LocalBackend:
                     + "; ".join(report)
                     + "."
                 )
-            settings = self._internal_settings(model)
+            settings = self._internal_settings(model, base_path)
             store.write_model_info(_model_info(model))
-            trainer_task = asyncio.ensure_future(
-                self._on_trainer_thread(self._make_trainer, base_path, model, settings)
-            )
+
+            def make_trainer() -> asyncio.Future:
+                return asyncio.ensure_future(
+                    self._on_trainer_thread(self._make_trainer, base_path, model, settings)
+                )
+
+            # On a CPU both load at once. On CUDA the engine goes first: vLLM sizes its memory share against
+            # what is free, so the trainer's weights must not be loading meanwhile.
+            trainer_task = None if _on_cuda() else make_trainer()
             engine = await self._start_engine(base_path, model, store, settings)
+            trainer_task = trainer_task or make_trainer()
             trainer, tokenizer = await trainer_task
             step = store.latest_step()
             if step is None:
@@ -248,14 +289,45 @@ class LocalBackend:
 
         return "vllm" if await asyncio.to_thread(vllm_import_error) is None else "hf"
 
-    def _internal_settings(self, model: TrainableModel) -> InternalSettings:
-        """Apply what the model's `_internal_config` asks for to its LoRA shape; the rest is used at start."""
+    def _internal_settings(self, model: TrainableModel, base_path: str) -> InternalSettings:
+        """Apply what the model's `_internal_config` asks for to its LoRA shape and, on CUDA, to the card's GPU
+        preset; the rest is used at start."""
         import torch
 
-        settings = resolve_internal_config(model._internal_config, on_cuda=torch.cuda.is_available())
+        on_cuda = torch.cuda.is_available()
+        settings = resolve_internal_config(model._internal_config, on_cuda=on_cuda)
         if settings.lora:
             model.lora = model.lora.model_copy(update=settings.lora)
+        if on_cuda:
+            settings.gpu_preset = self._gpu_preset(model, base_path, settings)
+        elif isinstance(self.gpu_preset, GPUPreset):
+            warn_user("artnb: LocalBackend(gpu_preset=...) has no effect here: this machine has no CUDA GPU")
         return settings
+
+    def _gpu_preset(
+        self, model: TrainableModel, base_path: str, settings: InternalSettings
+    ) -> GPUPreset | None:
+        preset = self.gpu_preset
+        if preset == "auto":
+            from .gpu_presets import preset_for
+
+            try:
+                preset = preset_for(base_path, lora_rank=model.lora.r)
+            except (ValueError, OSError) as error:
+                warn_user(
+                    f"artnb: no GPU preset for {model.base_model} ({error}); vLLM and the trainer keep "
+                    "their own defaults"
+                )
+                return None
+        if preset is None:
+            return None
+        preset = preset.override(**settings.gpu_overrides)
+        if not preset.fits:
+            warn_user(
+                f"artnb: {model.base_model} on this {preset.card}: {preset.note}. Expect out-of-memory errors; "
+                "use a smaller model or a larger GPU (or LocalBackend(gpu_preset=None) for vLLM's own defaults)"
+            )
+        return preset
 
     async def _start_engine(
         self, base_path: str, model: TrainableModel, store: RunStore, settings: InternalSettings
@@ -286,8 +358,10 @@ class LocalBackend:
             if (problem := vllm_import_error()) is not None:
                 raise RuntimeError(f"LocalBackend(engine='vllm'): {problem}. Or use engine='hf'.")
             options.setdefault("max_lora_rank", max(model.lora.r, settings.max_lora_rank or 0))
-            # the model's _internal_config first, so the backend's own engine_options win
-            options["extra_args"] = [*settings.vllm_args, *options.get("extra_args", [])]
+            # the GPU preset, then the model's _internal_config, then the backend's own engine_options: the last
+            # of a flag wins
+            preset = settings.gpu_preset.vllm_args() if settings.gpu_preset else []
+            options["extra_args"] = [*preset, *settings.vllm_args, *options.get("extra_args", [])]
             options = _options_for(VLLMEngine, options, "vllm")
             return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
         from .engines.process import HFEngine
@@ -298,10 +372,11 @@ class LocalBackend:
     def _make_trainer(self, base_path: str, model: TrainableModel, settings: InternalSettings):
         from transformers import AutoTokenizer
 
-        from .trainers.peft_trainer import PeftTrainer
+        from .trainers.choice import make_trainer
 
         trainer_config = self.trainer_config.model_copy(update=settings.trainer)
-        return PeftTrainer(base_path, model.lora, trainer_config), AutoTokenizer.from_pretrained(base_path)
+        trainer = make_trainer(self.trainer, base_path, model.lora, trainer_config, settings.gpu_preset)
+        return trainer, AutoTokenizer.from_pretrained(base_path)
 
     def _point_model_at_engine(self, model: TrainableModel, served: _Served) -> None:
         model.inference_base_url = served.engine.base_url
@@ -322,7 +397,7 @@ class LocalBackend:
         return self._get(model).engine
 
     def trainer_of(self, model: TrainableModel) -> Trainer:
-        """The trainer that trains `model`'s adapter (a PeftTrainer)."""
+        """The trainer that trains `model`'s adapter (a PeftTrainer or an UnslothTrainer)."""
         return self._get(model).trainer
 
     def tokenizer_of(self, model: TrainableModel) -> Any:
@@ -462,7 +537,7 @@ class LocalBackend:
         ART it refuses to fork into a run that has trained already (mixing two runs' steps), and the forked
         checkpoint is loaded into the trainer and served at once. `from_s3_bucket`/`prefix`: pulled from S3 first.
         """
-        served = self._get(model)
+        served = self._served.get((model.project, model.name))
         source = RunStore(self.path, from_project or model.project, from_model)
         if from_s3_bucket is not None:  # as ART: bring the source's checkpoint from the bucket first
             bucket = s3.resolve_bucket(from_s3_bucket)
@@ -482,23 +557,17 @@ class LocalBackend:
                 + f"; its checkpoints: {source.steps()}"
             )
         forked = steps[-1]
-        async with served.step_lock:
-            if served.store.steps() != [0]:
-                raise ValueError(
-                    f"{model.project}/{model.name} has trained already (checkpoints {served.store.steps()}); fork "
-                    "into a new model name so the two runs' steps do not mix"
+        if served is None:  # ART's docs fork before register(), which then resumes from the forked step
+            target = RunStore(self.path, model.project, model.name)
+            await self._as_writer(target, lambda: _copy_fork(source, forked, target))
+        else:
+            async with served.step_lock:
+                await asyncio.to_thread(_copy_fork, source, forked, served.store)
+                await self._on_trainer_thread(
+                    served.trainer.load_checkpoint, served.store.checkpoint_path(forked)
                 )
-            src = source.checkpoint_path(forked)
-            if forked == 0:
-                served.store.delete_checkpoint(0)
-            await asyncio.to_thread(
-                served.store.write_checkpoint, forked, lambda tmp: copy_checkpoint_files(src, tmp)
-            )
-            await self._on_trainer_thread(
-                served.trainer.load_checkpoint, served.store.checkpoint_path(forked)
-            )
-            served.step = forked
-            await self.ensure_engine(model)
+                served.step = forked
+                await self.ensure_engine(model)
         if verbose:
             print(f"forked {source.project}/{from_model} step {forked} into {model.project}/{model.name}")
         return forked
@@ -639,6 +708,12 @@ class _EngineTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _model_info(model: Model) -> dict[str, Any]:

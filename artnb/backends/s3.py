@@ -84,12 +84,10 @@ def s3_client() -> Any:
 
 
 # listing ------------------------------------------------------------------------------------------------
-def _checkpoint_step(rel: str) -> int | None:
-    """The step of a path under checkpoints/ ('checkpoints/0003/x' -> 3); None for anything else."""
-    parts = rel.split("/")
-    if len(parts) >= 3 and parts[0] == "checkpoints" and parts[1].isdigit():
-        return int(parts[1])
-    return None
+def _relative(store: RunStore, step: int, name: str | None = None) -> str:
+    """Checkpoint `step`'s directory (or its file `name`) relative to the run directory, as S3 keys are."""
+    path = store.checkpoint_path(step).relative_to(store.dir)
+    return (path / name if name else path).as_posix()
 
 
 def _local_files(store: RunStore) -> dict[str, Path]:
@@ -106,8 +104,8 @@ def _local_files(store: RunStore) -> dict[str, Path]:
             or any(p.startswith(".") for p in rel.split("/"))
         ):
             continue  # checkpoint temp dirs (.0003-*) and write_atomic's .*.tmp files are not the run yet
-        step = _checkpoint_step(rel)
-        if rel.startswith("checkpoints/") and step not in steps:
+        step = store.step_of(rel)
+        if step is not None and step not in steps:
             continue
         files[rel] = path
     return files
@@ -127,11 +125,11 @@ def _remote_objects(client: Any, bucket: str, prefix: str) -> dict[str, dict[str
     return objects
 
 
-def _complete_steps(objects: dict[str, dict[str, Any]]) -> tuple[list[int], list[int]]:
+def _complete_steps(store: RunStore, objects: dict[str, dict[str, Any]]) -> tuple[list[int], list[int]]:
     """(complete, partial) steps in a listing: complete ones have both adapter files."""
     by_step: dict[int, set[str]] = {}
     for rel in objects:
-        step = _checkpoint_step(rel)
+        step = store.step_of(rel)
         if step is not None:
             by_step.setdefault(step, set()).add(rel.split("/", 2)[2])
     complete = sorted(s for s, names in by_step.items() if set(ADAPTER_FILES) <= names)
@@ -189,7 +187,7 @@ def push(
     report = SyncReport(steps=store.steps())
 
     def order(rel: str) -> tuple:
-        step = _checkpoint_step(rel)
+        step = store.step_of(rel)
         if step is None:
             return (1, 0, 0, rel)  # history and trajectories after the checkpoints they describe
         return (0, step, rel.endswith("/" + WEIGHTS), rel)
@@ -197,7 +195,7 @@ def push(
     todo = [
         rel
         for rel in sorted(local, key=order)
-        if not _same(local[rel], remote.get(rel), immutable=_checkpoint_step(rel) is not None)
+        if not _same(local[rel], remote.get(rel), immutable=store.step_of(rel) is not None)
     ]
     uploaded_in_step: dict[int, list[str]] = {}
     total = sum(local[rel].stat().st_size for rel in todo)
@@ -210,8 +208,8 @@ def push(
                     raise InterruptedError("push interrupted")
                 _upload(client, local[rel], bucket, root + rel, bar)
                 report.uploaded.append(rel)
-                step = _checkpoint_step(rel)
-                if step is not None and f"checkpoints/{step:04d}/{WEIGHTS}" not in remote:
+                step = store.step_of(rel)
+                if step is not None and _relative(store, step, WEIGHTS) not in remote:
                     uploaded_in_step.setdefault(step, []).append(rel)
                     if rel.endswith("/" + WEIGHTS):
                         uploaded_in_step.pop(step)  # the step is complete in the bucket
@@ -265,7 +263,7 @@ def pull(
     client = client or s3_client()
     root = s3_prefix(store.project, store.name, prefix)
     remote = _remote_objects(client, bucket, root)
-    complete, partial = _complete_steps(remote)
+    complete, partial = _complete_steps(store, remote)
     report = SyncReport(ignored_partial_steps=partial)
     wanted = complete
     if step is not None or not_after_step is not None:
@@ -276,7 +274,7 @@ def pull(
             )
         limit = [s for s in complete if not_after_step is None or s <= not_after_step]
         wanted = [step] if step is not None else limit[-1:]
-    files = [rel for rel in remote if _checkpoint_step(rel) is None]
+    files = [rel for rel in remote if store.step_of(rel) is None]
     if step is not None or not_after_step is not None:
         files = []  # one checkpoint only, as ART's pull of a step
     local_steps = store.steps()
@@ -300,7 +298,7 @@ def pull(
         disable=not (todo_steps or files),
     ) as bar:
         for s in todo_steps:
-            names = sorted(r for r in remote if _checkpoint_step(r) == s)
+            names = sorted(r for r in remote if store.step_of(r) == s)
             _pull_step(client, bucket, root, store, s, names)
             report.downloaded.extend(names)
             bar.update()
@@ -310,9 +308,9 @@ def pull(
     if delete and step is None and not_after_step is None:
         for s in ahead:
             store.delete_checkpoint(s)
-            report.deleted.append(f"checkpoints/{s:04d}")
+            report.deleted.append(_relative(store, s))
         for rel, path in _local_files(store).items():
-            if _checkpoint_step(rel) is None and rel not in remote and not rel.startswith("logs/"):
+            if store.step_of(rel) is None and rel not in remote and not rel.startswith("logs/"):
                 path.unlink()
                 report.deleted.append(rel)
     store.recover()  # a pulled step whose rollouts were not yet published when it was pushed
@@ -330,9 +328,9 @@ def _same_step(store: RunStore, step: int, remote: dict[str, dict[str, Any]], ro
     the commit) match by MD5, or by size for objects uploaded in parts."""
     local = store.checkpoint_path(step)
     return all(
-        (local / n).is_file() and _same(local / n, remote[f"checkpoints/{step:04d}/{n}"], immutable=False)
+        (local / n).is_file() and _same(local / n, remote[_relative(store, step, n)], immutable=False)
         for n in (*ADAPTER_FILES, "commit.json")
-        if f"checkpoints/{step:04d}/{n}" in remote
+        if _relative(store, step, n) in remote
     )
 
 

@@ -332,6 +332,13 @@ class SkyPilotBackend(RemoteBackend):
 
     cluster_name: str
 
+    def __init__(
+        self, base_url: str = f"http://127.0.0.1:{DEFAULT_PORT}", api_key: str | None = None, **options: Any
+    ) -> None:
+        # ART's examples write `await SkyPilotBackend().initialize_cluster(...)`: the bare instance only reaches
+        # the classmethod, which returns the backend connected to the cluster.
+        super().__init__(base_url, api_key, **options)
+
     @classmethod
     async def initialize_cluster(
         cls,

@@ -15,6 +15,9 @@ cannot undo it; a failure there is a warning, and the work is finished later (`R
 engine transport). A failure before the commit reloads the trainer from the last checkpoint, so the weights and
 optimizer in memory are never ahead of the disk.
 
+Between the commit and publish the trainer gives its cached GPU memory back (`free_memory`), so that the engine,
+asleep on the same GPU while it is held, can wake to load the new adapter; it does so after a failed train too.
+
 Cancellation (a cell interrupt, `asyncio.wait_for`): the step runs in a task of its own. Cancelled before the
 trainer starts, the step stops there; after, the caller waits for the commit and then sees the cancellation.
 
@@ -109,6 +112,8 @@ class TrainStep:
                 except BaseException:
                     await self._restore_trainer()
                     raise
+                finally:
+                    await self._free_trainer_memory()
                 await self._publish_and_hot_load()
             finally:
                 await self._release()
@@ -215,6 +220,10 @@ class TrainStep:
         return TrainResult(
             step=step + 1, metrics=metrics, checkpoint_path=str(served.store.checkpoint_path(step + 1))
         )
+
+    async def _free_trainer_memory(self) -> None:
+        """The trainer's cached GPU memory back to the device, before the engine wakes (part of commit)."""
+        await self.backend._on_trainer_thread(self.served.trainer.free_memory)
 
     async def _publish_and_hot_load(self) -> None:
         """After the commit: failures here are warnings, and the work is redone later (never undone)."""

@@ -276,3 +276,9 @@ class TrainerConfig(_Strict):
         False, description="recompute activations in backward: ~40% less memory, ~30% slower"
     )
     seed: int = Field(0, description="seed for LoRA initialisation and dropout")
+    share_prefixes: bool = Field(
+        True,
+        description="run the prompt that a micro-batch's sequences share (the system prompt, a group's "
+        "scenario) once instead of once per sequence; the gradient is the same. Off: every row runs whole. "
+        "Not with gradient_checkpointing, which turns off the key/value cache it needs",
+    )

@@ -196,6 +196,9 @@ def _describe_failure(error: BaseException, timeout_s: float) -> tuple[str, bool
     if not isinstance(status, int):
         return _brief(error), False, None
     retryable = status in _RETRYABLE_STATUS or status >= 500
+    if status == 500 and "Connection error" in str(error):
+        # litellm wraps the OpenAI client's dropped or refused connection as an HTTP 500 the server never sent
+        return f"connection failed: {_brief(error)}", True, None
     return f"HTTP {status}: {_brief(error)}", retryable, _retry_after_s(error)
 
 

@@ -10,6 +10,7 @@ A name is `{section}/{metric}`. The sections:
 - "costs": spend on judges and hosted models (`costs/{source}/{kind}`, COSTS), cumulative over the step.
 Each value is written once per step: `drop_duplicates` removes a `data/` value that `train/` already holds.
 A spread is `{metric}{STD_SUFFIX}` next to its metric (what the reward plot draws as a band).
+W&B also gets a table per split and batch (TABLES, never in the history) and plots everything against STEP_AXIS.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ DATA = {
     "num_groups_trainable": "groups with a reward spread (the others teach nothing)",
     "num_zero_advantage_skipped": "trajectories with zero advantage, left out",
     "num_dropped_too_long": "sequences over max_seq_length, left out",
+    "num_histories_without_turns": "histories with no assistant message (an agent that never played), left out",
     "num_tokens": "tokens in the trained sequences, prompts included",
     "num_trajectories": "trajectories given to an SFT step",
     "num_sequences": "sequences built from the batch (when no trainer ran)",
@@ -59,6 +61,7 @@ DATA = {
     "reward" + STD_SUFFIX: "within-group reward std of the batch (when no rollout summary exists)",
 }
 TIME = {"step_train_s": "wall seconds of the train call: validate to commit"}
+TABLES = {"trajectories": "W&B only: up to 32 sampled trajectories of the batch (messages, reward, metrics)"}
 COSTS = {
     "usd": "estimated spend in US dollars (litellm's price table; absent when the model's price is unknown)",
     "prompt_tokens": "prompt tokens sent",
@@ -73,6 +76,8 @@ SFT_LOSS = "train/sft_loss"
 LOSS = "train/loss"
 AFTER_EACH_FAILURES = "train/after_each_failures"
 BEST_CHECKPOINT_METRIC = "val/reward"  # delete_checkpoints' default, as ART's
+TRAJECTORIES_TABLE = "trajectories"  # W&B: `{split}/trajectories`
+STEP_AXIS = "training_step"  # W&B's x-axis for every metric: the step of the policy that produced the data
 
 _COST_NAME = re.compile(r"^costs/[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*/(" + "|".join(COSTS) + ")$")
 
@@ -118,7 +123,7 @@ def describe(name: str) -> str | None:
         return COSTS[name.rsplit("/", 1)[1]] if _COST_NAME.match(name) else None
     if section == "train" and metric in TRAINER:
         return TRAINER[metric]
-    return ROLLOUT.get(metric) if section and metric else None
+    return (ROLLOUT.get(metric) or TABLES.get(metric)) if section and metric else None
 
 
 def drop_duplicates(row: dict[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,7 @@ class Model(BaseModel, Generic[ModelConfig]):
     inference_model_name: str | None = None
     base_path: str = "./.art"
     trainable: bool = False
-    # W&B identity fields of ART 0.5 (W&B itself is not integrated yet: they are stored, not used)
+    # ART 0.5's W&B identity: the entity and run id of the model's W&B run (integrations/wandb_run.py)
     entity: str | None = None
     id: str | None = None
     run_id: str | None = None
@@ -218,7 +218,10 @@ class Model(BaseModel, Generic[ModelConfig]):
         return row
 
     async def _merge_into_trained(self, trained: _TrainedBatch, metrics: dict[str, Any]) -> dict[str, Any]:
-        new = {k: v for k, v in metrics.items() if k not in trained.row}
+        # ART's loop passes back `result.metrics`, whose data/ values the row holds as train/ ones
+        new = {
+            k: v for k, v in names.drop_duplicates({**trained.row, **metrics}).items() if k not in trained.row
+        }
         if new:
             step = trained.steps[0]
             await self._write_log(

@@ -101,6 +101,14 @@ class RunStore:
         self.checkpoints = self.dir / "checkpoints"
         self.logs = self.dir / "logs"
 
+    def step_of(self, relative: str) -> int | None:
+        """The step a path relative to the run directory belongs to ('checkpoints/0003/x' -> 3; S3 keys mirror
+        this layout); None for files outside the checkpoints."""
+        parts = relative.split("/")
+        if len(parts) >= 3 and parts[0] == self.checkpoints.name and parts[1].isdigit():
+            return int(parts[1])
+        return None
+
     @classmethod
     def from_dir(cls, run_dir: str | Path) -> RunStore:
         """The store of an existing run directory `{path}/{project}/models/{name}`."""

@@ -163,12 +163,21 @@ def _trainable_turns(
                 )
         elif allow_training_without_logprobs and item.get("role") == "assistant":
             turns.append(_Turn(k, None, [], item))
-    if not turns:
+    if not turns and any(_is_assistant(item) for item in history.messages_and_choices):
         raise ValueError(
             f"{where} has no trainable turn: append completion.choices[0] (a Choice) instead of a message dict, "
             "or pass allow_training_without_logprobs=True to train assistant message dicts"
         )
     return turns
+
+
+def _is_assistant(item: Any) -> bool:
+    return isinstance(item, Choice) or item.get("role") == "assistant"
+
+
+def _without_turns(trajectory: Trajectory) -> int:
+    """How many of the trajectory's histories have no assistant turn at all (a role that never got to play)."""
+    return sum(not any(map(_is_assistant, h.messages_and_choices)) for h in trajectory.histories())
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Any, where: str) -> str:
@@ -284,7 +293,9 @@ def tokenize_trajectory(
 ) -> list[TokenizedSequence]:
     """One TokenizedSequence for the trajectory's messages, then one per additional history, all with `advantage`.
 
-    Raises ValueError naming the group, trajectory and item when a history has no trainable turn, a Choice lacks
+    A history with no assistant message at all (an agent that never got a turn) gives no sequence. Raises
+    ValueError naming the group, trajectory and item when a history's assistant turns are message dicts (not
+    trainable without `allow_training_without_logprobs`), a Choice lacks
     logprobs (unless `allow_training_without_logprobs`), or its token ids and logprobs differ in number.
     """
     out = []
@@ -292,6 +303,8 @@ def tokenize_trajectory(
         where = _where(group_index, trajectory_index, hi - 1 if hi else None)
         tools = history.tools if history.tools is not None else trajectory.tools
         turns = _trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
+        if not turns:  # no assistant message at all: nothing to train, as in ART
+            continue
         out.append(
             _tokenize_history(
                 tokenizer, history, tools, turns, advantage, group_index, trajectory_index, where
@@ -349,7 +362,7 @@ def tokenize_groups(
     """
     _validate(tokenizer, groups, allow_training_without_logprobs)
     sequences: list[TokenizedSequence] = []
-    zero = too_long = trainable_groups = 0
+    zero = too_long = trainable_groups = without_turns = 0
     rewards: list[float] = []
     stds: list[float] = []
     for gi, group in enumerate(groups):
@@ -368,6 +381,7 @@ def tokenize_groups(
                 trajectory_index=ti,
                 allow_training_without_logprobs=allow_training_without_logprobs,
             )
+            without_turns += _without_turns(t)
             for hi, seq in enumerate(tokenize_trajectory(tokenizer, t, advantage, **kw)):
                 if max_seq_length is not None and len(seq.token_ids) > max_seq_length:
                     too_long += 1
@@ -386,6 +400,7 @@ def tokenize_groups(
         "num_groups_trainable": float(trainable_groups),
         "num_zero_advantage_skipped": float(zero),
         "num_dropped_too_long": float(too_long),
+        "num_histories_without_turns": float(without_turns),
         "num_sequences": float(len(sequences)),
         "num_trainable_tokens": float(sum(s.num_trainable_tokens() for s in sequences)),
         "num_tokens": float(sum(len(s.token_ids) for s in sequences)),
@@ -393,13 +408,22 @@ def tokenize_groups(
         std_of("reward"): sum(stds) / len(stds) if stds else NAN,
     }
     return TokenizedBatch(
-        sequences, metrics, None if sequences else _skipped_reason(len(groups), zero, too_long)
+        sequences,
+        metrics,
+        None
+        if sequences
+        else _skipped_reason(len(groups), zero, too_long, without_turns, len(rewards) - zero),
     )
 
 
-def _skipped_reason(num_groups: int, zero: int, too_long: int) -> str:
+def _skipped_reason(num_groups: int, zero: int, too_long: int, without_turns: int, nonzero: int) -> str:
     if num_groups == 0:
         return "no groups were given; gather some trajectory groups first"
+    if nonzero and too_long == 0:
+        return (
+            f"no trajectory with a nonzero advantage has an assistant turn ({without_turns} histories have none); "
+            "append each completion.choices[0] to the trajectory's messages_and_choices"
+        )
     if too_long == 0:
         return (
             f"all {num_groups} group{'s' if num_groups != 1 else ''} had equal rewards within the group, so every "

@@ -19,7 +19,8 @@ from .settings import InternalSettings, resolve_internal_config
 
 class InitArgs(TypedDict, total=False):
     """How ART (Unsloth) loads the model. Honoured: max_seq_length, use_gradient_checkpointing, random_state,
-    max_lora_rank; on CUDA with vLLM also gpu_memory_utilization."""
+    max_lora_rank; on CUDA also gpu_memory_utilization (vLLM) and load_in_4bit (the Unsloth trainer), which
+    override the card's GPU preset."""
 
     model_name: str
     max_seq_length: int

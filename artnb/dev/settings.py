@@ -1,18 +1,23 @@
 """What ART's `_internal_config` means in artnb: which keys are honoured, mapped or ignored, decided in one place.
 
 `resolve_internal_config` turns the dict into `InternalSettings`, which LocalBackend applies: the LoRA shape, the
-trainer's options, the longest sequence trained, and vLLM command-line flags (used when vLLM serves; the HF engine
-has no such knobs). Keys with no meaning here (Unsloth quantised loading, GPU-only vLLM settings on a CPU, flags
-vLLM no longer has) are accepted and reported once each by `report_ignored`.
+trainer's options, the longest sequence trained, vLLM command-line flags (used when vLLM serves; the HF engine
+has no such knobs) and, on CUDA, changes to the card's GPU preset (backends/gpu_presets.py): `max_seq_length`,
+`gpu_memory_utilization`, `load_in_4bit` (Unsloth's 4-bit loading) and `enforce_eager` override the preset's. Keys
+with no meaning here (GPU-only settings on a CPU, flags vLLM no longer has) are accepted and reported once each by
+`report_ignored`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.ignored import report_ignored
+
+if TYPE_CHECKING:
+    from ..backends.gpu_presets import GPUPreset
 
 # ART EngineArgs key -> (vLLM flag, needs CUDA). Boolean values become `--flag` / `--no-flag`.
 VLLM_FLAGS: dict[str, tuple[str, bool]] = {
@@ -38,6 +43,8 @@ VLLM_FLAGS: dict[str, tuple[str, bool]] = {
 }
 _LORA_KEYS = {"r": "r", "rank": "r", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout"}
 _LORA_KEYS |= {"dropout": "dropout", "target_modules": "target_modules"}
+# engine_args that are also GPUPreset fields (the preset's values are vLLM's flags too)
+_PRESET_FIELDS = {"gpu_memory_utilization": float, "enforce_eager": bool}
 
 
 @dataclass
@@ -49,6 +56,8 @@ class InternalSettings:
     trainer: dict[str, Any] = field(default_factory=dict)  # TrainerConfig fields
     max_lora_rank: int | None = None
     vllm_args: list[str] = field(default_factory=list)  # vLLM flags, before the user's engine_options
+    gpu_overrides: dict[str, Any] = field(default_factory=dict)  # GPUPreset fields (on CUDA)
+    gpu_preset: GPUPreset | None = None  # the card's preset with gpu_overrides applied; set by LocalBackend
 
     def report_for_engine(self, kind: str) -> None:
         """The HF engine has none of vLLM's knobs: report the flags it will not use."""
@@ -87,7 +96,14 @@ def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) 
 def _init_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) -> None:
     for key, value in args.items():
         if key == "max_seq_length":
-            out.max_seq_length = int(value)
+            out.max_seq_length = out.gpu_overrides["max_seq_length"] = int(value)
+        elif key == "load_in_4bit":
+            if on_cuda:
+                out.gpu_overrides["load_in_4bit"] = bool(value)
+            else:
+                report_ignored(
+                    "_internal_config.init_args.load_in_4bit", "Unsloth's 4-bit loading needs a GPU"
+                )
         elif key == "use_gradient_checkpointing":
             out.trainer["gradient_checkpointing"] = bool(value)
         elif key == "random_state":
@@ -99,7 +115,8 @@ def _init_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) ->
         else:
             report_ignored(
                 f"_internal_config.init_args.{key}",
-                "artnb loads models with transformers (fp32 on the CPU, bf16 on CUDA), not Unsloth",
+                "artnb's trainers load the model named by base_model in the card's dtype (fp32 on the CPU); on "
+                "CUDA load_in_4bit selects Unsloth's 4-bit loading",
             )
 
 
@@ -121,6 +138,8 @@ def _engine_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) 
             out.vllm_args.append(flag if value else "--no-" + flag[2:])
         else:
             out.vllm_args += [flag, str(value)]
+        if on_cuda and value is not None and key in _PRESET_FIELDS:
+            out.gpu_overrides[key] = _PRESET_FIELDS[key](value)
 
 
 def _lora(section: str, args: Mapping[str, Any], out: InternalSettings) -> None:

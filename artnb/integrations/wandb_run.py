@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from ..core import metrics as names
 from ..core.ignored import warn_user
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 TABLE_ROWS = 32  # trajectories per logged batch in the W&B table (a fixed-seed sample of larger batches)
 INIT_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 60.0  # how long close() waits for W&B to write what it holds
-STEP_METRIC = "training_step"
+STEP_METRIC = names.STEP_AXIS
 _NOT_METRICS = {"step", "split", "recorded_at", "commit"}
 
 
@@ -151,7 +152,9 @@ class WandbReporter:
         if train_config is not None:
             run.config.update({"train_config": train_config}, allow_val_change=True)
         if table is not None:
-            data[f"{split}/trajectories"] = wandb.Table(columns=list(_COLUMNS), data=table)
+            data[names.split_metric(split, names.TRAJECTORIES_TABLE)] = wandb.Table(
+                columns=list(_COLUMNS), data=table
+            )
         if checkpoint is not None:
             run.summary["checkpoint"] = checkpoint
         run.log(data)

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from ..core.ignored import report_ignored
 from ..core.sft import TrainSFTConfig, read_sft_jsonl
 
 if TYPE_CHECKING:
@@ -140,6 +141,9 @@ async def train_sft_from_file(
     final_step: int | None = None,
     _config: Mapping[str, Any] | None = None,
     verbose: bool = False,
+    assistant_turns: Literal["all", "last"] = "all",
+    shuffle_buffer_size: int | None = None,
+    log_metrics: bool = True,
 ) -> TrainResult | None:
     """Supervised fine-tuning on a JSONL file of chat examples (`{"messages": [...], "tools": [...]}` per
     line), `epochs` times in shuffled order, with a learning-rate schedule over all its batches, in one
@@ -148,10 +152,21 @@ async def train_sft_from_file(
     `initial_step` and `final_step` are batch steps: train batches [initial_step, final_step) of the whole
     schedule, e.g. to split a long run into calls with evaluations between them. Every line is checked
     first; a bad one raises ValueError naming it, and nothing trains. Returns the step's TrainResult, or None
-    when `initial_step` is past the end.
+    when `initial_step` is past the end. `assistant_turns="last"` trains only each row's last assistant
+    message (earlier ones are context). ART's `shuffle_buffer_size` and `log_metrics=False` are accepted and
+    reported: the whole file is shuffled, and every step records its metrics.
 
     >>> await train_sft_from_file(model, "train.jsonl", epochs=3, batch_size=2)  # doctest: +SKIP
     """
+    if shuffle_buffer_size is not None:
+        report_ignored(
+            "train_sft_from_file(shuffle_buffer_size=...)",
+            "the whole file is read, checked and shuffled per epoch (no streaming buffer)",
+        )
+    if not log_metrics:
+        report_ignored(
+            "train_sft_from_file(log_metrics=False)", "every SFT step records its metrics in the history"
+        )
     examples = read_sft_jsonl(file_path)
     if not examples:
         raise ValueError(f"{file_path} has no examples (only blank lines); nothing to train on")
@@ -176,5 +191,5 @@ async def train_sft_from_file(
             f"{file_path}: {len(examples)} examples x {epochs} epochs = {total} batches of {batch_size}; training "
             f"batches {initial_step}..{initial_step + len(rates) - 1}, {schedule_type} schedule, peak_lr {peak_lr}"
         )
-    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size)
+    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size, assistant_turns=assistant_turns)
     return await model.train_sft(trajectories, config, _config=_config, verbose=verbose)

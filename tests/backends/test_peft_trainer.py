@@ -150,6 +150,42 @@ def test_gradient_checkpointing_gives_the_same_update(tiny):
     assert_same(gradients[0], gradients[1])
 
 
+def with_shared_prompt(sequences: list[TokenizedSequence], length: int = 24) -> list[TokenizedSequence]:
+    """The same sequences behind one shared, untrained prompt of `length` tokens (a system prompt)."""
+    prompt = [random.Random(7).randrange(100, 40000) for _ in range(length)]
+    return [
+        replace(
+            s,
+            token_ids=prompt + s.token_ids,
+            assistant_mask=[False] * length + s.assistant_mask,
+            logprobs=[math.nan] * length + s.logprobs,
+        )
+        for s in sequences
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"logprob_calculation_chunk_size": 8}, {"kl_penalty_coef": 0.1, "precalculate_logprobs": True}],
+    ids=["plain", "chunked", "kl+precalculated"],
+)
+def test_a_shared_prompt_runs_once_and_gives_the_same_update(tiny, options):
+    """share_prefixes runs the prompt all rows of a micro-batch share once; the loss, gradient and metrics are
+    those of running every row whole."""
+    sequences = with_shared_prompt(make_sequences(6, seed=5))
+    config = TrainConfig(learning_rate=1e-2, max_grad_norm=100.0, **options)
+    gradients, metrics = [], []
+    for share in (True, False):
+        trainer = PeftTrainer(tiny, LORA, TrainerConfig(share_prefixes=share))
+        trainer.train(with_shared_prompt(make_sequences(6, seed=6)), config, progress=False)
+        steps = capture_gradients(trainer)
+        metrics.append(trainer.train(sequences, config, progress=False))
+        gradients.append(steps[0])
+    assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], rel=1e-5, abs=1e-7)
+    assert metrics[0]["grad_norm"] == pytest.approx(metrics[1]["grad_norm"], rel=1e-5)
+    assert_same(gradients[0], gradients[1])
+
+
 def test_checkpoint_round_trip(tiny, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

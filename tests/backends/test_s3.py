@@ -95,11 +95,12 @@ async def train_steps(path: Path, project: str, steps: int) -> art.TrainableMode
 
 
 class Relay:
-    """TCP relay to the S3 server; when a request line uploads a key containing `marker`, await `action()`
-    before passing the request on (or drop the connection if `action` returns False)."""
+    """TCP relay to the S3 server; when a request line uploads (`verb` PUT) or downloads (GET) a key containing
+    `marker`, await `action()` before passing the request on (or drop the connection if `action` returns False)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, verb: bytes = b"PUT ") -> None:
         self.port = int(target.rsplit(":", 1)[1])
+        self.verb = verb
         self.marker: bytes | None = None
         self.action = None
 
@@ -114,7 +115,7 @@ class Relay:
     async def _pump(self, source, sink, watch: bool = False) -> None:
         try:
             while data := await source.read(65536):
-                if watch and self.marker is not None and b"PUT " in data and self.marker in data:
+                if watch and self.marker is not None and self.verb in data and self.marker in data:
                     action, self.marker = self.action, None
                     if await action() is False:
                         sink.transport.abort()
@@ -178,7 +179,7 @@ async def test_push_pull_into_a_fresh_directory_and_train_on(s3_server, tmp_path
     deleted = await same.delete_checkpoints("val/reward")
     assert deleted
     report = await fresh._experimental_push_to_s3(same, s3_bucket=BUCKET, prefix="team", delete=True)
-    steps_in_bucket, partial = s3._complete_steps({k[len(root) :]: {} for k in keys(root)})
+    steps_in_bucket, partial = s3._complete_steps(there, {k[len(root) :]: {} for k in keys(root)})
     assert steps_in_bucket == there.steps() and not partial
     await fresh.close()
 
@@ -238,6 +239,41 @@ async def test_a_killed_push_leaves_no_step_that_pull_would_take(s3_server, tmp_
     # the next push completes step 2; a second pull takes it
     await art.LocalBackend(path=tmp_path / "runs")._experimental_push_to_s3(model, s3_bucket=BUCKET)
     assert (await fresh._experimental_pull_from_s3(model, s3_bucket=BUCKET)).steps == [0, 1, 2]
+
+
+async def test_a_killed_pull_leaves_no_partial_step_and_the_next_pull_completes(s3_server, tmp_path):
+    model = await train_steps(tmp_path / "runs", "pull-killed", 2)
+    await art.LocalBackend(path=tmp_path / "runs")._experimental_push_to_s3(model, s3_bucket=BUCKET)
+    relay = Relay(s3_server, verb=b"GET ")
+    url = await relay.start()
+    script = (
+        "import sys; from artnb.backends import s3; from artnb.core.store import RunStore; "
+        "store = RunStore(sys.argv[1], 'pull-killed', 'agent'); store.lock(); "
+        f"s3.pull(store, {BUCKET!r})"
+    )
+    pull = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, str(tmp_path / "fresh"), env={**os.environ, "AWS_ENDPOINT_URL": url}
+    )
+
+    async def kill() -> bool:  # step 2's adapter and commit record are downloaded, its optimizer state is not
+        pull.send_signal(signal.SIGKILL)
+        return False
+
+    relay.marker, relay.action = b"checkpoints/0002/optimizer.pt", kill
+    assert await pull.wait() == -signal.SIGKILL
+    await relay.close()
+    store = RunStore(tmp_path / "fresh", "pull-killed", "agent")
+    assert store.steps() == [0, 1] and not store.checkpoint_path(2).exists()  # step 2 only in a temp dir
+    assert [p.name for p in store.checkpoints.iterdir() if p.name.startswith(".0002-pull-")]
+
+    fresh = art.LocalBackend(path=tmp_path / "fresh", engine="hf")
+    pulled = await fresh._experimental_pull_from_s3(model, s3_bucket=BUCKET)
+    assert pulled.steps == [0, 1, 2] and store.steps() == [0, 1, 2]
+    assert not [p for p in store.checkpoints.iterdir() if p.name.startswith(".")]
+    here = RunStore(tmp_path / "runs", "pull-killed", "agent")
+    for name in ("adapter_model.safetensors", "optimizer.pt", "commit.json"):
+        assert (store.checkpoint_path(2) / name).read_bytes() == (here.checkpoint_path(2) / name).read_bytes()
+    assert store.history().equals(here.history())
 
 
 async def test_a_cancelled_push_removes_what_it_uploaded_of_the_unfinished_step(s3_server, tmp_path):

@@ -57,6 +57,8 @@ async def test_missing_skypilot_says_how_to_install(monkeypatch):
         sp.import_sky()
     with pytest.raises(ImportError, match=r"pip install 'artnb\[skypilot\]'"):
         await sp.SkyPilotBackend.initialize_cluster("art", gpu="H100")
+    with pytest.raises(ImportError, match=r"pip install 'artnb\[skypilot\]'"):  # ART's examples call it so
+        await sp.SkyPilotBackend().initialize_cluster(cluster_name="art", gpu="H100-SXM", force_restart=True)
 
 
 @pytest.mark.parametrize(

@@ -206,6 +206,88 @@ async def test_hold_queues_requests_and_they_run_on_the_new_adapter(engine, clie
         await engine.unload_adapter(name)
 
 
+async def first_token_logprobs(client: openai.AsyncOpenAI, model: str) -> dict[str, float]:
+    completion = await client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=1, temperature=0, logprobs=5
+    )
+    assert completion.model == model or completion.model.startswith(f"{model}@")  # the policy that answered
+    return completion.choices[0].logprobs.top_logprobs[0]
+
+
+def assert_close(found: dict[str, float], expected: dict[str, float], tolerance: float) -> None:
+    shared = found.keys() & expected.keys()
+    assert len(shared) >= 4, (found, expected)
+    assert max(abs(found[t] - expected[t]) for t in shared) < tolerance, (found, expected)
+
+
+async def test_the_newest_adapter_is_served_merged_and_every_other_policy_stays_exact(
+    engine, client, adapters
+):
+    """Merged serving (the default on a CPU): the newest `name@N` runs as merged weights, with no LoRA; the
+    base model and older adapters run as LoRAs relative to those weights, and give the same logprobs as
+    before (fp32: within 1e-4)."""
+    base = await first_token_logprobs(client, "base")
+    await engine.load_adapter("merged@1", str(adapters[0]))
+    assert (await engine.stats())["merged"] == "merged@1"
+    one_merged = await first_token_logprobs(client, "merged@1")
+    assert_close(await first_token_logprobs(client, "base"), base, 1e-4)  # base weights + (-adapter 1)
+    await engine.load_adapter("merged@2", str(adapters[1]))
+    assert (await engine.stats())["merged"] == "merged@2"
+    one_as_lora = await first_token_logprobs(client, "merged@1")  # adapter 2's weights + (adapter 1 - 2)
+    assert_close(one_as_lora, one_merged, 1e-4)
+    assert_close(await first_token_logprobs(client, "base"), base, 1e-4)
+    stream = await client.chat.completions.create(model="merged", messages=HELLO, max_tokens=4, stream=True)
+    assert {chunk.model async for chunk in stream} == {"merged@2"}
+    assert "merged@2" in {m.id for m in (await client.models.list()).data}
+    await engine.unload_adapter("merged@2")  # the newest left, merged@1, takes its place
+    assert (await engine.stats())["merged"] == "merged@1"
+    assert_close(await first_token_logprobs(client, "merged"), one_merged, 1e-5)
+    await engine.unload_adapter("merged@1")
+    assert (await engine.stats())["merged"] is None
+    assert_close(await first_token_logprobs(client, "base"), base, 1e-5)
+
+
+async def test_a_chat_template_sent_with_the_request_is_refused(client):
+    """The server would render it (a slow template stalls every request): refused unless the engine was
+    started with --trust-request-chat-template."""
+    with pytest.raises(openai.BadRequestError, match="untrusted chat template"):
+        await chat(client, extra_body={"chat_template": "{{ messages[0]['content'] }}"})
+
+
+async def vllm_running(engine: VLLMEngine) -> float:
+    async with httpx.AsyncClient(timeout=30) as http:
+        text = (
+            await http.get(
+                f"{engine.base_url.removesuffix('/v1')}/metrics",
+                headers={"Authorization": f"Bearer {engine.api_key}"},
+            )
+        ).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+async def test_a_client_that_disconnects_stops_its_generation(engine):
+    long = {"model": "base", "messages": HELLO, "max_tokens": 1900, "min_tokens": 1900}  # tens of seconds
+    async with httpx.AsyncClient(timeout=120) as http:
+        headers = {"Authorization": f"Bearer {engine.api_key}"}
+        request = asyncio.create_task(
+            http.post(f"{engine.base_url}/chat/completions", json=long, headers=headers)
+        )
+        deadline = time.monotonic() + 60
+        while await vllm_running(engine) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert await vllm_running(engine) == 1
+        request.cancel()  # closes the connection, as a client that gives up does
+        gone = time.monotonic()
+        while await vllm_running(engine) and time.monotonic() - gone < 10:
+            await asyncio.sleep(0.1)
+    assert await vllm_running(engine) == 0, "vLLM went on generating for a client that left"
+    assert (await engine.stats())["running"] == 0
+
+
 async def test_context_overflow_is_a_clear_400_and_server_keeps_serving(client):
     with pytest.raises(openai.BadRequestError, match="maximum context length is 2048.*reduce the length"):
         await chat(client, messages=[{"role": "user", "content": "hi " * CONTEXT}])

@@ -57,6 +57,7 @@ SURFACE: list[tuple[str, str, str, str]] = [
     ("artnb.trajectories", "Trajectory", "same", ""),
     ("artnb.trajectories", "TrajectoryGroup", "same", ""),
     ("artnb.trajectories", "History", "same", ""),
+    ("artnb.trajectories", "LegacyHistory", "same", "ART's later name for History (additional_histories)"),
     ("artnb.trajectories", "PydanticException", "same", ""),
     # art.dev
     ("artnb.dev", "InternalModelConfig", "mapped", "see artnb/dev/settings.py"),
@@ -89,7 +90,12 @@ SURFACE: list[tuple[str, str, str, str]] = [
     ),
     ("artnb.utils.benchmarking.types", "BenchmarkModelKey", "same", ""),
     ("artnb.utils.logging", "info", "same", ""),
-    ("artnb.utils.sft", "train_sft_from_file", "same", "whole file checked before training"),
+    (
+        "artnb.utils.sft",
+        "train_sft_from_file",
+        "same",
+        "assistant_turns honoured; whole file checked before training (shuffle_buffer_size reported)",
+    ),
     ("artnb.utils.sft", "create_sft_dataset_iterator", "same", ""),
     ("artnb.types", "TrainSFTConfig", "same", ""),
 ]

@@ -10,6 +10,7 @@ split="train")`, validation logged with `model.log(val_groups)`, `model.delete_c
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 import openai
@@ -104,6 +105,8 @@ async def test_art_notebook_loop_shape(tmp_path, base):
     history = model.history()
     train = history[history["split"] == "train"]
     assert list(train["step"]) == [0, 1]  # one row per step, not one more per model.log(..., split="train")
+    lines = [json.loads(line) for line in model.store.history_path.read_text().splitlines()]
+    assert [row["step"] for row in lines if row["split"] == "train"] == [0, 1]  # nothing written twice
     assert list(history[history["split"] == "val"]["step"]) == [1, 2]
     for step in (0, 1):
         assert sum(len(g) for g in model.store.read_trajectories("train", step)) == 8
@@ -153,6 +156,17 @@ async def test_sync_with_and_fork(tmp_path, base):
         assert (fork.store.checkpoint_path(1) / "adapter_model.safetensors").read_bytes() == source_weights
         with pytest.raises(ValueError, match="has trained already"):
             await backend._experimental_fork_checkpoint(fork, from_model="source")
+
+        # ART's docs fork first, then register: the model starts from the forked step
+        early = art.TrainableModel(name="early", project="p", base_model=base, config=GameConfig())
+        assert await backend._experimental_fork_checkpoint(early, from_model="source") == 1
+        await early.register(backend)
+        assert await early.get_step() == 1
+        assert (early.store.checkpoint_path(1) / "adapter_model.safetensors").read_bytes() == source_weights
+        reply = await early.openai_client().chat.completions.create(
+            model=early.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert reply.model == "early@1"
     assert not engine.alive()  # the sync `with` stopped the engines
     # and released the runs: another backend may register them now
     async with LocalBackend(path=str(tmp_path), engine="hf") as again:

@@ -83,3 +83,11 @@ def test_spearman_handles_ties_and_constant_sides():
     assert judge_quality.spearman([3, 2, 1], [10, 20, 30]) == pytest.approx(-1)
     assert judge_quality.spearman([1, 1, 2], [0, 0, 1]) == pytest.approx(1)
     assert judge_quality.spearman([1, 1, 1], [0, 1, 2]) == 0
+
+
+def test_the_measurement_script_plays_every_task_it_offers():
+    assert (
+        set(judge_quality.rollouts()) == set(judge_quality.TASKS) == {"tic_tac_toe", "temporal_clue", "art_e"}
+    )
+    with pytest.raises(SystemExit):  # an unknown task is refused by name, not silently skipped
+        judge_quality.main(["--tasks", "chess"])

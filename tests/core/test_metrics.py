@@ -42,6 +42,7 @@ def test_names_are_built_and_checked():
     assert metrics.cost("judge/ruler", "usd") == "costs/judge/ruler/usd"
     assert metrics.describe("costs/judge/ruler/usd").startswith("estimated spend")
     assert metrics.describe("val/my_own_metric") is None
+    assert metrics.describe(metrics.split_metric("train", metrics.TRAJECTORIES_TABLE)).startswith("W&B only")
     with pytest.raises(KeyError, match="metrics.py"):
         metrics.trainer("lost")
     with pytest.raises(ValueError, match="costs/<source>"):

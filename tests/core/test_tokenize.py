@@ -346,13 +346,29 @@ def test_non_finite_reward_is_rejected(tok, bad):
 
 
 def test_a_bad_trajectory_anywhere_fails_the_whole_batch(tok):
-    no_choice = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}], reward=1.0)
+    """An assistant message dict where a Choice belongs is the usual mistake: it is refused, even in a group that
+    teaches nothing."""
+    dict_turn = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "hello"}]
+    no_choice = Trajectory(messages_and_choices=dict_turn, reward=1.0)
     groups = [
         TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, 1)]),
         TrajectoryGroup([traj_with_reward(tok, 1), no_choice]),
     ]  # equal rewards: would be skipped
     with pytest.raises(ValueError, match="group 1, trajectory 1 has no trainable turn"):
         tokenize_groups(tok, groups)
+
+
+def test_an_agent_that_never_got_a_turn_is_left_out_and_counted(tok):
+    """A game that ended before one role played (Codenames' operative after an invalid clue) has a history with
+    no assistant message: it trains nothing, and the rest of the batch trains, as in ART."""
+    never_played = Trajectory(messages_and_choices=[{"role": "system", "content": "You guess."}], reward=0.0)
+    groups = [TrajectoryGroup([traj_with_reward(tok, 1), never_played, traj_with_reward(tok, 0.25)])]
+    batch = tokenize_groups(tok, groups)
+    assert {s.trajectory_index for s in batch.sequences} == {0, 2}
+    assert batch.metrics["num_histories_without_turns"] == 1
+    alone = [TrajectoryGroup([never_played, Trajectory(messages_and_choices=[], reward=1.0)])]
+    nothing = tokenize_groups(tok, alone)
+    assert nothing.sequences == [] and "has an assistant turn" in nothing.skipped_reason
 
 
 @pytest.mark.parametrize("scale", [True, False])

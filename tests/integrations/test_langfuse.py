@@ -141,16 +141,6 @@ def langfuse(monkeypatch):
     server.close()
 
 
-def score_as_ruler_does(group: art.TrajectoryGroup, scores: list[float]) -> art.TrajectoryGroup:
-    """What ruler_score_group does with the judge's answer: a deep copy with the score, the rollout's reward and
-    the explanation kept on each trajectory."""
-    scored = group.model_copy(deep=True)
-    for t, score in zip(scored.trajectories, scores, strict=True):
-        t.metrics["independent_reward"], t.metrics["ruler_score"] = t.reward, score
-        t.reward, t.metadata["ruler_explanation"] = score, f"judged {score}"
-    return scored
-
-
 @pytest.fixture(scope="module")
 async def served(tmp_path_factory):
     """One tiny model for the file: each test closes its reporters, so the next use chooses them anew."""
@@ -164,7 +154,8 @@ async def served(tmp_path_factory):
 async def test_a_training_loop_sends_traces_generations_and_scores(langfuse, served):
     backend, model = served
     groups = await gather(model, 0)
-    groups[1] = score_as_ruler_does(groups[1], [0.9, 0.1, *[0.5] * 6])
+    # RULER as a user runs it: copies of the group's trajectories, the judge's score as reward, its explanation
+    groups[1] = await art.ruler_score_group(groups[1], art.LocalJudge(BASE))
     result = await backend.train(model, groups, learning_rate=1e-2)
     await model.log(groups, split="train", metrics=result.metrics, step=result.step)  # merged: no new traces
     val = await gather(model, 1)
@@ -221,9 +212,14 @@ async def test_a_training_loop_sends_traces_generations_and_scores(langfuse, ser
         for g, group in enumerate(batch):
             for i, t in enumerate(group):
                 assert rewards[trace_of[(split, str(step), str(g), str(i))]] == t.reward
-    ruler = [s for s in langfuse.scores if s["name"] == "ruler_score"]
-    assert sorted((s["value"], s["comment"]) for s in ruler)[-1] == (0.9, "judged 0.9")
-    assert {s["traceId"] for s in ruler} == {trace_of[("train", "0", "1", str(i))] for i in range(8)}
+    ruler = {s["traceId"]: s for s in langfuse.scores if s["name"] == "ruler_score"}
+    assert set(ruler) == {trace_of[("train", "0", "1", str(i))] for i in range(8)}
+    for i, t in enumerate(groups[1]):
+        sent = ruler[trace_of[("train", "0", "1", str(i))]]
+        assert sent["value"] == t.metrics["ruler_score"] == t.reward
+        assert sent["comment"] == t.metadata["ruler_explanation"] and sent["comment"].startswith(
+            "expected grade"
+        )
 
 
 @pytest.mark.parametrize("host", ["down", "silent"])

@@ -1,13 +1,16 @@
 """Weave with artnb, as ART's notebooks use it: rollouts decorated with `@weave.op` train with Weave not
 initialised; `init_weave` against a W&B server that is down or silent warns once, within its bound, and the loop
-goes on; `strip_logprobs` as Weave's output hook keeps logprobs out of what Weave would send."""
+goes on; `strip_logprobs` as Weave's output hook keeps logprobs out of what Weave sends (its own HTTP client,
+to a recording server on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 import warnings
-from unittest.mock import MagicMock
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import weave
@@ -15,6 +18,7 @@ from openai.types.chat.chat_completion import Choice
 from tiny_loop import pick
 from weave.trace import weave_client
 from weave.trace.context import weave_client_context
+from weave.trace_server_bindings.remote_http_trace_server import RemoteHTTPTraceServer
 
 import artnb as art
 from artnb.integrations.weave_init import init_weave
@@ -88,34 +92,82 @@ async def test_init_weave_without_a_reachable_server_warns_and_the_loop_goes_on(
     listener.close()
 
 
+class RecordingTraceServer:
+    """What Weave's own HTTP binding (`RemoteHTTPTraceServer`) sends, kept by a server on 127.0.0.1 that answers
+    every request with a digest (all that object, file and call uploads need back)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, bytes]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                owner.requests.append((self.path, self.rfile.read(int(self.headers["Content-Length"] or 0))))
+                data = json.dumps({"digest": f"digest-{len(owner.requests)}"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def calls(self) -> list[dict]:
+        """The call records Weave uploaded, as JSON: whole calls (`calls/complete`) or their start and end
+        halves (`call/upsert_batch`, older servers)."""
+        found = []
+        for path, body in self.requests:
+            if "/call" in path:
+                data = json.loads(body)
+                for item in data["batch"] if "batch" in data else [data]:
+                    item = item.get("req", item)
+                    found.append(item.get("end") or item.get("start") or item)
+        return found
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_strip_logprobs_keeps_logprobs_out_of_weave_traces(no_weave):
-    """Weave's own op and serialization code, with only its trace server replaced by a recording stub."""
-    server = MagicMock()
-    for method in (server.obj_create, server.file_create, server.table_create):
-        method.return_value.digest = "digest"
+    """Weave's own op, serialization and HTTP upload code; only the trace server is a local recorder."""
+    recorder = RecordingTraceServer()
     client = weave_client.WeaveClient(
-        "entity", "project", server, ensure_project_exists=False, postprocess_output=strip_logprobs
+        "entity",
+        "project",
+        RemoteHTTPTraceServer(recorder.url, should_batch=True),
+        ensure_project_exists=False,
+        postprocess_output=strip_logprobs,
     )
     weave_client_context.set_weave_client_global(client)
-    token = {"token": "A", "logprob": -0.123, "bytes": [65], "top_logprobs": []}
-    choice = Choice.model_validate(
-        {
-            "index": 0,
-            "finish_reason": "stop",
-            "message": {"role": "assistant", "content": "A"},
-            "logprobs": {"content": [token]},
-        }
-    )
 
     @weave.op
-    def scored() -> art.Trajectory:
+    def scored(logprob: float) -> art.Trajectory:
+        token = {"token": "A", "logprob": logprob, "bytes": [65], "top_logprobs": []}
+        choice = Choice.model_validate(
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "A"},
+                "logprobs": {"content": [token]},
+            }
+        )
         return art.Trajectory(
             messages_and_choices=[{"role": "user", "content": "Which?"}, choice], reward=1.0
         )
 
-    trajectory = scored()
-    client.flush()
+    try:
+        trajectory = scored(-0.123)
+        client.flush()
+    finally:
+        recorder.close()
     assert trajectory.messages_and_choices[1].logprobs.content[0].logprob == -0.123  # training keeps them
-    [end] = [c.args[0] for c in server.call_end.call_args_list]
-    output = end["end"]["output"]
-    assert "-0.123" not in repr(output) and "Which?" in repr(output)
+    [output] = [c["output"] for c in recorder.calls() if c.get("output") is not None]
+    assert output["_type"] == "Trajectory" and output["messages_and_choices"][0]["content"] == "Which?"
+    sent = output["messages_and_choices"][1]
+    assert sent["message"]["content"] == "A" and sent["logprobs"] is None

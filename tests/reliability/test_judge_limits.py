@@ -9,7 +9,9 @@ with a wide margin, never as exact values.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,6 +216,55 @@ async def test_litellm_style_timeout_and_retries_in_extra_params_become_the_limi
         await art.ruler([conversation(1)], JUDGE, legacy, cache_dir=cache, limits=JudgeLimits(timeout_s=5))
     with pytest.raises(ValueError, match="must be a number of seconds"):
         await art.ruler([conversation(1)], JUDGE, {**params, "timeout": "soon"}, cache_dir=cache)
+
+
+class DroppingJudge:
+    """A socket on 127.0.0.1 that reads each request and closes the connection without a byte of answer, as a
+    judge behind a crashing proxy or a reset load balancer does. `arrivals` holds each connection's time."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.arrivals: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            self.arrivals.append(time.monotonic())
+            with conn:
+                conn.settimeout(5)
+                conn.recv(65536)  # the request's head: then hang up
+
+    def __enter__(self) -> DroppingJudge:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.listener.close()
+
+
+async def test_a_dropped_connection_is_retried_with_backoff_then_reported(judge, fresh):
+    _, cache = fresh
+    limits = JudgeLimits(timeout_s=5, max_attempts=3, backoff_initial_s=0.2, jitter=False)
+    with DroppingJudge() as dropping:
+        params = {"api_base": dropping.url, "api_key": "test-key"}
+        start = time.monotonic()
+        with pytest.raises(JudgeRequestError) as info:
+            await art.ruler([conversation(1), conversation(2)], JUDGE, params, cache_dir=cache, limits=limits)
+        elapsed = time.monotonic() - start
+    assert info.value.attempts == 3 and len(dropping.arrivals) == 3  # retried, and litellm added none
+    # litellm reports a connection the server closed as an HTTP 500 "Connection error"; artnb says what it was
+    assert "failed 3 attempts" in str(info.value) and "connection failed" in str(info.value)
+    first, second = (b - a for a, b in zip(dropping.arrivals, dropping.arrivals[1:], strict=False))
+    assert 0.2 <= first and 0.4 <= second and elapsed < 5, "waits double from backoff_initial_s"
 
 
 def scored_by_judge(params: dict, cache: Path):

