@@ -49,16 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SIZE = "1.5B"
-TINY_QWEN2 = {  # the dry run's model: Qwen2's architecture (q/k/v biases, grouped KV heads) at test size
-    "model_type": "qwen2",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-}
 LEARNING_RATE = 1e-5
 NAME = "check"
 
@@ -247,7 +237,7 @@ async def check(args: argparse.Namespace, result: Result) -> None:
     card = gpu_presets.detect_card() if on_cuda else None
     if card is not None:
         result.card = card.name
-    shape_config = TINY_QWEN2 if not on_cuda else gpu_presets.QWEN2_5[SIZE].config()
+    shape_config = models.TINY_QWEN2 if not on_cuda else gpu_presets.QWEN2_5[SIZE].config()
     dtype = "float32" if card is None else ("bfloat16" if card.bf16 else "float16")
     base = models.random_model(shape_config, dtype=dtype)
     shape = gpu_presets.model_shape(base)  # the vocabulary is the tokenizer's

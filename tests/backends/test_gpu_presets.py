@@ -13,16 +13,6 @@ from artnb.backends.gpu_presets import CARDS, QWEN2_5, GPUPreset, ModelShape, ca
 from artnb.dev.settings import resolve_internal_config
 
 GIB = 2**30
-TINY_QWEN2 = {
-    "model_type": "qwen2",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-}
 
 
 @pytest.mark.parametrize(
@@ -41,7 +31,7 @@ def test_parameter_count_equals_a_real_models(build):
     """The arithmetic counts what transformers builds from the same config (biases, norms, tied heads)."""
     from transformers import AutoModelForCausalLM
 
-    path = models.tiny() if build == "tiny_llama" else models.random_model(TINY_QWEN2, dtype="float32")
+    path = models.tiny() if build == "tiny_llama" else models.random_model(models.TINY_QWEN2, dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(path)
     counted = sum(p.numel() for p in model.parameters())  # a tied head is one parameter
     shape = gpu_presets.model_shape(path)

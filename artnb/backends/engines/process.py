@@ -99,6 +99,9 @@ class EngineProcess:
         """Block until `health_url` answers 200; raise with the log's last lines if it dies or times out."""
         deadline = time.monotonic() + timeout
         with tqdm(desc=f"artnb: starting {self.name}", bar_format="{desc} [{elapsed}] {postfix}") as bar:
+            # A widget or a terminal redraws in place; a log file or pipe gets a new line each time: rarely there.
+            live = type(bar).__module__ == "tqdm.notebook" or sys.stderr.isatty()
+            shown = time.monotonic()
             while True:
                 if not self.alive():
                     raise RuntimeError(
@@ -118,7 +121,9 @@ class EngineProcess:
                         f"{self.log_path}. Last lines:\n{self.log_tail()}\nIf the log shows no error, the model "
                         f"may just be slow to load: pass a larger timeout."
                     )
-                bar.set_postfix_str(self.log_tail(1).strip()[-80:])
+                if live or time.monotonic() - shown > 15:
+                    bar.set_postfix_str(self.log_tail(1).strip()[-80:])
+                    shown = time.monotonic()
                 time.sleep(0.25)
 
     def stop(self, grace_s: float = 5) -> None:

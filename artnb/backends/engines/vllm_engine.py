@@ -50,6 +50,7 @@ import time
 import traceback
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -548,19 +549,24 @@ class VLLMEngine(ServerEngine):
         return await self._call("GET", "/artnb/stats")
 
 
-def _newest(adapters: OrderedDict[str, str], name: str) -> str | None:
+def _newest(adapters: Iterable[str], name: str) -> str | None:
     """The adapter that the plain name of `name`'s family resolves to (`agent@3` -> the largest loaded
     `agent@N`); None when `name` has no `@N` suffix (such adapters are never merged)."""
     family, _, version = name.rpartition("@")
     if not family or not version.isdigit():
         return None
+    return _newest_of(adapters, family)
+
+
+def _newest_of(names: Iterable[str], family: str) -> str | None:
+    """The `family@N` with the largest N among `names`; None if there is none."""
     versions = [
         (int(v), key)
-        for key in adapters
+        for key in names
         for base, _, v in [key.rpartition("@")]
         if base == family and v.isdigit()
     ]
-    return max(versions)[1]
+    return max(versions)[1] if versions else None
 
 
 class ServerMiddleware:
@@ -681,13 +687,7 @@ class ServerMiddleware:
         loaded = self.adapters | ({self.merged} if self.merged else set())
         if name in loaded:
             return name
-        versions = [
-            (int(v), key)
-            for key in loaded
-            for base, _, v in [key.rpartition("@")]
-            if base == name and v.isdigit()
-        ]
-        return max(versions)[1] if versions else name
+        return _newest_of(loaded, name) or name
 
     def physical(self, policy: str) -> str:
         """The name vLLM serves `policy` under: the base model's for the merged adapter, the base-delta LoRA
