@@ -471,7 +471,7 @@ class PeftTrainer:
                 "input_ids": batch.input_ids,
                 "attention_mask": batch.attention_mask,
                 "use_cache": False,
-            }, (batch.keep)
+            }, batch.keep
         rows, width, shared = *batch.input_ids.shape, batch.prefix_len
         base = self.model.get_base_model()
         body = getattr(base, base.base_model_prefix)
