@@ -1,4 +1,4 @@
-"""The `artnb` command: `artnb demo [--steps N] [--ruler]`, `artnb serve [--path DIR] [--host H] [--port N] ...`."""
+"""The `artnb` command: `artnb demo [--steps N] [--ruler [--judge MODEL]]`, `artnb serve [--path DIR] [--host H] [--port N] ...`."""
 
 from __future__ import annotations
 

@@ -5,9 +5,14 @@ fixed evaluation games greedily with the base model and the trained one, so a ne
 and write an HTML report with the reward curves and that comparison. Each group replays one opponent seed, so the rollouts in a group differ only
 by the model's sampling, which is what GRPO compares.
 
-With `--ruler`, each group is scored by RULER before training, the judge being the base model on the same
-engine: offline, no API key. The first group's game rewards are printed beside the judge's scores. A 135M
-judge shows that the pipeline runs, not good judgement: use a stronger judge for real work.
+With `--ruler`, each group is scored by RULER before training and the model trains on the judge's scores. The
+judge is `art.LocalJudge()` (the embedded 135M model grading each game from its digit probabilities, in this
+process: offline, no API key, a few seconds a group), or the litellm model given with `--judge` (e.g.
+`--judge openai/gpt-4o-mini`, with its API key set). Which judge scored is printed first; the first group's
+game rewards are printed beside the judge's scores, and the step lines, the report's curves and the base vs
+trained games keep the game's own reward. The offline judge agrees only weakly with the game (mean Spearman
+0.25 on recorded tic-tac-toe groups, benchmarks/judge_quality.py): it shows the pipeline running, not good
+judgement; use a hosted judge to train on RULER for real.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from functools import partial
+from html import escape as html_escape
 from pathlib import Path
 
 from . import models
@@ -24,6 +30,7 @@ from .core.compare import compare_rewards
 from .core.config import TrainConfig
 from .core.evaluate import evaluate, summarize_evaluation
 from .core.gather import gather_trajectory_groups
+from .core.local_judge import LocalJudge
 from .core.model import TrainableModel, summarize_groups
 from .core.ruler import ruler_score_group
 from .core.trajectory import TrajectoryGroup
@@ -44,12 +51,33 @@ class DemoConfig:
     report: str = "reports/demo.html"
     seed: int = 0
     engine: str = "auto"
-    ruler: bool = False  # rewards from RULER (the base model judging each group) instead of the game's
+    ruler: bool = False  # train on RULER's scores of each group instead of the game's reward
+    judge: str = ""  # with ruler: a litellm model ("openai/gpt-4o-mini", needs its key); "": art.LocalJudge()
     eval_games: int = 16  # fixed opponent seeds both models play greedily at the end (0: skip)
 
 
+def demo_judge(cfg: DemoConfig) -> str | LocalJudge | None:
+    """RULER's judge for `cfg`: None without --ruler, the --judge litellm model, else the offline LocalJudge."""
+    if not cfg.ruler:
+        return None
+    return cfg.judge or LocalJudge()
+
+
+def describe_judge(judge: str | LocalJudge) -> str:
+    if isinstance(judge, LocalJudge):
+        return (
+            f"art.LocalJudge(method={judge.method!r}), offline: {judge.base_model} in this process grades each game "
+            "from its digit probabilities. A weak judge: mean Spearman 0.25 with the game's reward on recorded "
+            "groups (benchmarks/judge_quality.py)"
+        )
+    return f"{judge} (hosted, through litellm)"
+
+
 async def run_demo(cfg: DemoConfig) -> list[dict]:
+    if cfg.judge and not cfg.ruler:
+        raise ValueError(f"--judge {cfg.judge} is RULER's judge: add --ruler to train on its scores")
     model = TrainableModel(name=cfg.name, project=cfg.project, base_model=cfg.base_model)
+    judge = demo_judge(cfg)
     rows = []
     async with LocalBackend(path=cfg.path, engine=cfg.engine) as backend:
         t0 = time.monotonic()
@@ -57,12 +85,17 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
         print(
             f"registered {cfg.base_model} in {time.monotonic() - t0:.0f}s; resuming at step {await model.get_step()}"
         )
-        print(f"{'step':>4} {'reward':>7} {'legal':>6} {'win':>5} {'rollout_s':>9} {'train_s':>7}")
+        if judge is not None:
+            print(f"training reward: RULER, judged by {describe_judge(judge)}")
+            print(
+                "step lines: `reward` is the game's, `ruler` the judge's mean score (what the model trains on)"
+            )
+        ruler_col = f" {'ruler':>6}" if judge is not None else ""
+        print(f"{'step':>4} {'reward':>7} {'legal':>6} {'win':>5}{ruler_col} {'rollout_s':>9} {'train_s':>7}")
         start = await model.get_step()
         for step in range(start, start + cfg.steps):
             t0 = time.monotonic()
             seeds = [cfg.seed * 100_000 + step * cfg.groups_per_step + i for i in range(cfg.groups_per_step)]
-            judge = model.as_base_model() if cfg.ruler else None  # the untrained base model, same engine
             groups = await gather_trajectory_groups(
                 (
                     TrajectoryGroup(tic_tac_toe.rollout(model, s) for _ in range(cfg.group_size))
@@ -71,9 +104,9 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
                 pbar_desc=f"gather step {step}",
                 after_each=partial(ruler_score_group, judge_model=judge) if judge else None,
             )
-            if judge and step == start:
+            if judge is not None and step == start and groups:
                 table = compare_rewards(groups[0]).trajectories
-                print("first group: game reward beside RULER score (rank 1 = best)")
+                print(f"first group: game reward beside the score of {_short(judge)} (rank 1 = best)")
                 print(
                     table[["independent_reward", "ruler_score", "independent_rank", "ruler_rank"]].to_string()
                 )
@@ -84,8 +117,10 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
             s = summarize_groups(groups)
             row = {"step": step, **s, "rollout_s": rollout_s, "train_s": train_s}
             rows.append(row)
+            game = s.get("independent_reward", s["reward"])  # with RULER, the game's reward is kept here
+            ruler = f" {s['ruler_score']:>6.3f}" if judge is not None else ""
             print(
-                f"{step:>4} {s['reward']:>7.3f} {s['legal_move_rate']:>6.2f} {s['win']:>5.2f} "
+                f"{step:>4} {game:>7.3f} {s['legal_move_rate']:>6.2f} {s['win']:>5.2f}{ruler} "
                 f"{rollout_s:>9.1f} {train_s:>7.1f}",
                 flush=True,
             )
@@ -93,18 +128,35 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
         evaluation = await _base_against_trained(model, cfg) if cfg.eval_games else None
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    figs = [
-        reward_figure(history, m, title=t)
-        for m, t in [("reward", "mean reward"), ("legal_move_rate", "legal-move rate"), ("win", "win rate")]
-    ]
+    curves = [("legal_move_rate", "legal-move rate"), ("win", "win rate")]
+    if judge is None:
+        curves.insert(0, ("reward", "mean reward"))
+        trained_on = "<p>Training reward: the game's own.</p>"
+    else:
+        curves[:0] = [
+            ("independent_reward", "mean game reward"),
+            ("ruler_score", f"mean RULER score ({_short(judge)})"),
+        ]
+        trained_on = (
+            f"<p>Training reward: RULER's scores, judged by {html_escape(describe_judge(judge))}. "
+            "The game reward, legal-move and win curves and the evaluation below are the game's own; the "
+            "RULER curve is the judge's mean score.</p>"
+        )
+    figs = [reward_figure(history, m, title=t) for m, t in curves]
     if evaluation is not None:
         figs.append(evaluation_figure(evaluation, EVAL_METRICS))
-    html = "<h1>artnb demo: tic-tac-toe</h1>" + "".join(
-        f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)
+    html = (
+        "<h1>artnb demo: tic-tac-toe</h1>"
+        + trained_on
+        + "".join(f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs))
     )
     report.write_text(f"<html><head><meta charset='utf-8'></head><body>{html}</body></html>")
     print(f"report: {report.resolve()}")
     return rows
+
+
+def _short(judge: str | LocalJudge) -> str:
+    return f"art.LocalJudge(method={judge.method!r}), offline" if isinstance(judge, LocalJudge) else judge
 
 
 EVAL_METRICS = ("reward", "win", "legal_move_rate")

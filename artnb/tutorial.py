@@ -19,22 +19,17 @@ follow it. Without CUDA `gpu` is None and nothing changes.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import models
 from .backends.gpu_presets import GPUPreset
 from .backends.local import LocalBackend
-from .core.config import TrainConfig, TrainerConfig
+from .core.config import TrainConfig, low_memory_requested
 from .core.ignored import warn_user
 
 SMALL_MODEL_LR = 1e-3  # measured: the 135M model needs ~1e-3 (1e-4 showed no trend in 20 steps)
 LARGE_MODEL_LR = 1e-5  # the usual LoRA RL rate for 3B-14B models
-
-
-def _low_memory_from_env() -> bool:
-    return os.environ.get("ARTNB_LOW_MEMORY", "") not in ("", "0")
 
 
 @dataclass
@@ -43,7 +38,7 @@ class Settings:
 
     base_model: str = models.DEFAULT  # on a Colab GPU: "Qwen/Qwen2.5-3B-Instruct"
     quick: bool = True  # False: enough steps and games to see learning (a GPU, or an hour of CPU)
-    low_memory: bool = field(default_factory=_low_memory_from_env)  # Binder: ~2 GB of RAM
+    low_memory: bool = field(default_factory=low_memory_requested)  # Binder: ~2 GB of RAM
     path: str = "./.art"  # the run directory; a rerun resumes from its newest checkpoint
     steps: int | None = None  # RL steps; None: 1 quick, 30 otherwise
     groups_per_step: int | None = None  # scenarios per step; None: 2 quick, 4 otherwise
@@ -72,14 +67,14 @@ class Settings:
         return self.base_model == models.DEFAULT or "tiny-llama" in self.base_model
 
     def backend(self, **options: Any) -> LocalBackend:
-        """A LocalBackend for this place: vLLM when installed ("auto"), the HF engine in low-memory mode."""
-        kwargs: dict[str, Any] = {"path": self.path, "engine": "auto", "gpu_preset": self.gpu or "auto"}
-        if self.low_memory:
-            kwargs.update(
-                engine="hf",
-                trainer_config=TrainerConfig(gradient_checkpointing=True),
-                engine_options={"max_batch_size": 8},
-            )
+        """A LocalBackend for this place: vLLM when installed ("auto"); in low-memory mode LocalBackend itself
+        picks the HF engine and gradient checkpointing (`ARTNB_LOW_MEMORY`)."""
+        kwargs: dict[str, Any] = {
+            "path": self.path,
+            "engine": "auto",
+            "gpu_preset": self.gpu or "auto",
+            "low_memory": self.low_memory,
+        }
         return LocalBackend(**{**kwargs, **options})
 
     def train_config(self, **options: Any) -> TrainConfig:

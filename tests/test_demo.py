@@ -1,9 +1,11 @@
-"""`make demo`: trains, then shows the base model against the trained one on the same fixed games."""
+"""`make demo`: trains, then shows the base model against the trained one on the same fixed games; with
+`--ruler`, trains on the offline LocalJudge's scores and says which judge scored."""
 
 import pytest
 
 from artnb import models
-from artnb.demo import DemoConfig, run_demo
+from artnb.core.local_judge import LocalJudge
+from artnb.demo import DemoConfig, demo_judge, run_demo
 
 
 @pytest.fixture(scope="module")
@@ -31,3 +33,38 @@ async def test_the_demo_trains_then_compares_base_and_trained_on_the_same_games(
     assert "trained (step 1)" in comparison[3]
     html = (tmp_path / "demo.html").read_text()
     assert "evaluation: same scenarios, each model" in html and "trained (step 1)" in html
+
+
+def test_the_demo_judge_is_offline_unless_a_hosted_one_is_given():
+    assert demo_judge(DemoConfig()) is None
+    assert demo_judge(DemoConfig(ruler=True)) == LocalJudge()
+    assert demo_judge(DemoConfig(ruler=True, judge="openai/gpt-4o-mini")) == "openai/gpt-4o-mini"
+
+
+async def test_a_judge_without_ruler_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="add --ruler"):
+        await run_demo(DemoConfig(judge="openai/gpt-4o-mini", path=str(tmp_path / "art")))
+
+
+async def test_the_ruler_demo_trains_on_the_local_judge_and_says_so(tmp_path, base, capsys):
+    cfg = DemoConfig(
+        steps=1,
+        groups_per_step=1,
+        group_size=4,
+        eval_games=0,
+        base_model=base,
+        path=str(tmp_path / "art"),
+        report=str(tmp_path / "demo.html"),
+        engine="hf",
+        ruler=True,
+    )
+    rows = await run_demo(cfg)
+    assert "ruler_score" in rows[0] and "independent_reward" in rows[0]
+    out = capsys.readouterr().out
+    assert "training reward: RULER, judged by art.LocalJudge(method='digits'), offline" in out
+    assert "first group: game reward beside the score of art.LocalJudge(method='digits'), offline" in out
+    header = next(line.split() for line in out.splitlines() if line.split()[:2] == ["step", "reward"])
+    assert header == ["step", "reward", "legal", "win", "ruler", "rollout_s", "train_s"]
+    html = (tmp_path / "demo.html").read_text()
+    assert "Training reward: RULER's scores, judged by art.LocalJudge(method=&#x27;digits&#x27;)" in html
+    assert "mean game reward" in html and "mean RULER score" in html

@@ -31,6 +31,22 @@ def test_binder_low_memory_from_the_environment(monkeypatch):
     assert s.train_config().micro_batch_tokens == 512
 
 
+def test_a_plain_local_backend_takes_low_memory_settings_from_binders_environment(monkeypatch):
+    monkeypatch.setenv("ARTNB_LOW_MEMORY", "1")
+    backend = art.LocalBackend(path=None)
+    assert backend.engine == "hf" and backend.trainer_config.gradient_checkpointing
+    assert backend.engine_options == {"max_batch_size": 8}
+    chosen = art.LocalBackend(path=None, engine="vllm", trainer_config=art.TrainerConfig(), low_memory=None)
+    assert (
+        chosen.engine == "vllm"
+        and not chosen.trainer_config.gradient_checkpointing
+        and not chosen.engine_options
+    )
+    monkeypatch.delenv("ARTNB_LOW_MEMORY")
+    assert art.LocalBackend(path=None).engine == "auto"
+    assert art.LocalBackend(path=None, low_memory=True).engine == "hf"
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="group_size=1: GRPO compares rollouts"):
         art.tutorial.Settings(group_size=1)

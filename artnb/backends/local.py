@@ -31,7 +31,7 @@ import httpx
 
 from .. import integrations
 from ..core import metrics as names
-from ..core.config import TrainConfig, TrainerConfig, resolve_train_config
+from ..core.config import TrainConfig, TrainerConfig, low_memory_requested, resolve_train_config
 from ..core.contracts import Engine, Trainer
 from ..core.ignored import report_ignored, warn_user
 from ..core.model import Model, TrainableModel, TrainResult
@@ -107,6 +107,9 @@ class LocalBackend:
       `_internal_config` overrides its fields, and `engine_options` override its vLLM flags. Nothing on a CPU.
     engine_options: keyword arguments for the engine, e.g. for vLLM `{"extra_args": ["--max-model-len",
       "4096"], "max_loras": 2}` (see VLLMEngine), for the HF engine `{"max_batch_size": 16}` (see HFEngine).
+    low_memory: for ~2 GB of RAM (Binder); None reads `ARTNB_LOW_MEMORY=1`, which Binder's start script sets. Then
+      "auto" picks the HF engine (vLLM does not fit) with at most 8 rows per batch, and the default trainer config
+      recomputes activations (gradient checkpointing). What is passed explicitly is used as given.
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class LocalBackend:
         gpu_preset: GPUPreset | Literal["auto"] | None = "auto",
         in_process: bool = False,
         gpu_cost_per_hour_usd: float | None = None,
+        low_memory: bool | None = None,
     ) -> None:
         if in_process:
             report_ignored(
@@ -144,6 +148,11 @@ class LocalBackend:
             raise TypeError(
                 f"gpu_preset={gpu_preset!r}: pass 'auto', None or a GPUPreset (gpu_presets.preset_for)"
             )
+        if low_memory if low_memory is not None else low_memory_requested():
+            engine = "hf" if engine == "auto" else engine
+            trainer_config = trainer_config or TrainerConfig(gradient_checkpointing=True)
+            if engine == "hf":
+                engine_options = {"max_batch_size": 8, **(engine_options or {})}
         self.path = Path(path).expanduser().resolve()
         self.engine = engine  # what was asked for; each registered model's engine says what runs
         self.trainer = trainer

@@ -11,6 +11,7 @@ once per process by name (`_IGNORED`); anything else is a TypeError that lists t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -266,6 +267,11 @@ def _fields_from(given: Mapping[str, Any], source: str) -> dict[str, Any]:
         elif name in _IGNORED and value not in _IGNORED[name][0]:
             report_ignored(f"train({name}=...)", _IGNORED[name][1])
     return out
+
+
+def low_memory_requested() -> bool:
+    """`ARTNB_LOW_MEMORY=1` (Binder's ~2 GB pods): LocalBackend and the tutorials pick their small-memory settings."""
+    return os.environ.get("ARTNB_LOW_MEMORY", "") not in ("", "0")
 
 
 class TrainerConfig(_Strict):

@@ -6,7 +6,7 @@ gained a point and the group view shows the new trajectories. Screenshots go to 
 
 `ARTNB_DOCS_SCREENSHOTS=docs` makes the docs' pictures instead (not in CI: ~2-5 minutes on 2 cores): the
 embedded 135M model, two training steps, then a GroupView with a token view open, a RulerComparison judged by
-the untrained base model and a RewardPlot read from disk, each saved as docs/<panel>.png.
+the offline `art.LocalJudge()` and a RewardPlot read from disk, each saved as docs/<panel>.png.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ panel"""
 DOCS_CELLS = [
     'view = art.widgets.GroupView(panel.loop.last_groups, arrangement="side by side")\nview',
     "judged = art.widgets.RulerComparison(\n"
-    "    panel.loop.last_groups, judge=model.as_base_model(),\n"
+    "    panel.loop.last_groups, judge=art.LocalJudge(),\n"
     '    rubric="A win is best, then a draw. A move on a taken cell is illegal and ends the game: worst.",\n'
     ")\njudged",
     'art.widgets.RewardPlot(model.store.dir, band="range")',
