@@ -231,6 +231,8 @@ class RulerComparison(widgets.VBox):
         options = [(f"group {i}", i) for i in range(len(self.groups))]
         if list(self.group_select.options) != options:
             self.group_select.options = options
+        if options and self.group_select.index is None:  # ipywidgets leaves a new option list unselected
+            self.group_select.index = 0
         self.group_select.layout.display = None if len(options) > 1 else "none"
         status = note or ("" if judged else "not judged yet: pick a judge and press re-score")
         if judged:

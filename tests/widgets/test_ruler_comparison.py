@@ -55,6 +55,7 @@ def test_table_highlights_disagreements_and_reports_rank_correlation():
     assert "attempt 0 &lt;is&gt; fine" in view.table.value
     assert "2 of 8 trajectories ranked in opposite order" in view.status.value
     assert "-0.8" in view.groups_table.value
+    assert view.group_select.label == "group 0"  # the chart's group is shown, not an empty dropdown
     ruler_bars = view.chart.data[1]
     assert list(view.chart.data[0].y) == [0.0, 0.5, 1.0, 0.2] and list(ruler_bars.y) == [0.1, 0.6, 0.9, 0.3]
     view.group_select.value = 1
