@@ -15,13 +15,13 @@ core/local_judge.py); `pairwise` is `art.LocalJudge(method="pairwise")`.
 
 Groups: tic-tac-toe starts from the recording that ships with artnb (`artnb.tasks.replay`, 4 groups); every
 task reads groups recorded with `--record` from `--data` (default: benchmarks/data, which holds 50 recorded
-groups of 8 for tic-tac-toe and Temporal Clue, about 0.3 MB; ART·E's are not recorded yet). Temporal Clue is
+groups of 8 for tic-tac-toe and Temporal Clue and 64 for ART·E). Temporal Clue is
 played at difficulty 1 with temperature 1.0 and constrained answers, so rewards vary within a group. ART·E
 (`art_e`) is played with the notebook's quick settings (`email_agent.QUICK`: 12-email inboxes, 2 turns of 64
 tokens); the embedded model rarely answers there, so only groups whose progress credits differ are scored, and
 the table's `groups` column says how many that was.
 
-    python benchmarks/judge_quality.py --record --tasks art_e --groups 60   # record ART·E's groups
+    python benchmarks/judge_quality.py --record --tasks art_e --groups 60 --engine vllm   # record ART·E's groups
 """
 
 from __future__ import annotations
@@ -66,12 +66,12 @@ def _recording(data: Path, task: str) -> Path:
     return data / f"{task}.parquet"
 
 
-async def record(tasks: Sequence[str], groups: int, group_size: int, data: Path) -> None:
-    """Play `groups` groups per task with the embedded model on the HF engine; store them under `data`."""
+async def record(tasks: Sequence[str], groups: int, group_size: int, data: Path, engine: str = "hf") -> None:
+    """Play `groups` groups per task with the embedded model on `engine`; store them under `data`."""
     found = rollouts()
     with tempfile.TemporaryDirectory() as tmp:
         model = art.TrainableModel(name="recorder", project="judge-quality", base_model=art.models.DEFAULT)
-        async with art.LocalBackend(path=tmp, engine="hf") as backend:
+        async with art.LocalBackend(path=tmp, engine=engine) as backend:
             await model.register(backend)
             for task in tasks:
                 played = await art.gather_trajectory_groups(
@@ -203,10 +203,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--data", type=Path, default=DATA, help="recordings folder (default: %(default)s)")
     parser.add_argument("--record", action="store_true", help="play and store groups instead of scoring")
+    parser.add_argument(
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="--record's engine; vllm's prefix cache serves ART·E's long shared prompt far faster",
+    )
     args = parser.parse_args(argv)
     data, tasks = args.data, args.tasks
     if args.record:
-        asyncio.run(record(tasks, args.groups, args.group_size, data))
+        asyncio.run(record(tasks, args.groups, args.group_size, data, args.engine))
         return []
     groups_by_task = {t: load(t, data)[: args.groups] for t in tasks}
     for task, groups in groups_by_task.items():
