@@ -13,18 +13,22 @@ def base() -> str:
     return models.tiny()
 
 
-async def test_the_demo_trains_then_compares_base_and_trained_on_the_same_games(tmp_path, base, capsys):
-    cfg = DemoConfig(
+def small_demo(tmp_path, base: str, **options) -> DemoConfig:
+    """One step of one group of 4 games on the tiny model and the HF engine."""
+    return DemoConfig(
         steps=1,
         groups_per_step=1,
         group_size=4,
-        eval_games=3,
         base_model=base,
         path=str(tmp_path / "art"),
         report=str(tmp_path / "demo.html"),
         engine="hf",
+        **options,
     )
-    rows = await run_demo(cfg)
+
+
+async def test_the_demo_trains_then_compares_base_and_trained_on_the_same_games(tmp_path, base, capsys):
+    rows = await run_demo(small_demo(tmp_path, base, eval_games=3))
     assert [r["step"] for r in rows] == [0]
     out = capsys.readouterr().out
     comparison = out[out.index("base vs trained") :].splitlines()
@@ -47,18 +51,7 @@ async def test_a_judge_without_ruler_is_refused(tmp_path):
 
 
 async def test_the_ruler_demo_trains_on_the_local_judge_and_says_so(tmp_path, base, capsys):
-    cfg = DemoConfig(
-        steps=1,
-        groups_per_step=1,
-        group_size=4,
-        eval_games=0,
-        base_model=base,
-        path=str(tmp_path / "art"),
-        report=str(tmp_path / "demo.html"),
-        engine="hf",
-        ruler=True,
-    )
-    rows = await run_demo(cfg)
+    rows = await run_demo(small_demo(tmp_path, base, eval_games=0, ruler=True))
     assert "ruler_score" in rows[0] and "independent_reward" in rows[0]
     out = capsys.readouterr().out
     assert "training reward: RULER, judged by art.LocalJudge(method='digits'), offline" in out
