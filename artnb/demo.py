@@ -66,9 +66,8 @@ def demo_judge(cfg: DemoConfig) -> str | LocalJudge | None:
 def describe_judge(judge: str | LocalJudge) -> str:
     if isinstance(judge, LocalJudge):
         return (
-            f"art.LocalJudge(method={judge.method!r}), offline: {judge.base_model} in this process grades each game "
-            "from its digit probabilities. A weak judge: mean Spearman 0.25 with the game's reward on recorded "
-            "groups (benchmarks/judge_quality.py)"
+            f"{_short(judge)}: {judge.base_model} in this process grades each game from its digit probabilities. "
+            "A weak judge: mean Spearman 0.25 with the game's reward on recorded groups (benchmarks/judge_quality.py)"
         )
     return f"{judge} (hosted, through litellm)"
 
@@ -102,7 +101,7 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
                     for s in seeds
                 ),
                 pbar_desc=f"gather step {step}",
-                after_each=partial(ruler_score_group, judge_model=judge) if judge else None,
+                after_each=partial(ruler_score_group, judge_model=judge) if judge is not None else None,
             )
             if judge is not None and step == start and groups:
                 table = compare_rewards(groups[0]).trajectories
