@@ -15,13 +15,13 @@ core/local_judge.py); `pairwise` is `art.LocalJudge(method="pairwise")`.
 
 Groups: tic-tac-toe starts from the recording that ships with artnb (`artnb.tasks.replay`, 4 groups); every
 task reads groups recorded with `--record` from `--data` (default: benchmarks/data, which holds 50 recorded
-groups of 8 for tic-tac-toe and Temporal Clue and 64 for ART·E). Temporal Clue is
+groups of 8 for tic-tac-toe and Temporal Clue and 96 for ART·E). Temporal Clue is
 played at difficulty 1 with temperature 1.0 and constrained answers, so rewards vary within a group. ART·E
 (`art_e`) is played with the notebook's quick settings (`email_agent.QUICK`: 12-email inboxes, 2 turns of 64
 tokens); the embedded model rarely answers there, so only groups whose progress credits differ are scored, and
 the table's `groups` column says how many that was.
 
-    python benchmarks/judge_quality.py --record --tasks art_e --groups 60 --engine vllm   # record ART·E's groups
+    python benchmarks/judge_quality.py --record --tasks art_e --groups 96 --engine vllm   # record ART·E's groups
 """
 
 from __future__ import annotations

@@ -26,16 +26,20 @@ Design choices, and why:
 - Reward = outcome (win 1, draw 0.5, loss 0) + 0.5 x margin - 0.1 per invalid move of the role, where margin
   is the share of the team's words revealed minus the share of the opponent's (-1 to 1), so a close loss beats
   a rout. Both roles of a team share outcome and margin; the penalty is each role's own.
+- Evaluation is not self-play: with one model on both sides one of its teams wins every game, so a win rate
+  says nothing. `head_to_head` puts the trained model against another (its base) on each board twice, once as
+  each colour, since red starts and owns a word more.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
 from openai.types.chat.chat_completion import Choice
 
 from ..core.gather import gather_trajectories, retry
@@ -346,8 +350,10 @@ async def play(
     temperature: float = 1.0,
     constrained: bool = True,
     max_turns: int = DEFAULT_MAX_TURNS,
+    opponent: Model | None = None,
 ) -> list[Trajectory]:
-    """Play one self-play game on the board `Board.deal(scenario)`; `model` plays all four roles.
+    """Play one game on the board `Board.deal(scenario)`; `model` plays all four roles (self-play), or red's
+    two when `opponent` is given, which then plays blue's (`step` picks `model`'s checkpoint only).
 
     Returns four trajectories, red spymaster, red operative, blue spymaster, blue operative, each with
     `metadata` scenario, team and role. A role that never had a turn (the game ended first) has no messages;
@@ -366,9 +372,11 @@ async def play(
         for role in ROLES
     }
     notes = dict.fromkeys(TEAMS, "")  # why a team's last clue was refused, told to its spymaster
-    ask = {"step": step, "temperature": temperature}
+    sides = {"red": (model, step), "blue": (opponent, None) if opponent is not None else (model, step)}
     while not game.over:
         team = game.team
+        player, checkpoint = sides[team]
+        ask = {"step": checkpoint, "temperature": temperature}
         spymaster, operative = players[team, "spymaster"], players[team, "operative"]
         messages = [
             {"role": "system", "content": SPYMASTER.format(team=team)},
@@ -376,7 +384,7 @@ async def play(
         ]
         schema = clue_schema(game.board) if constrained else None
         choice = await _ask(
-            model, messages, schema, max_tokens=64, **ask
+            player, messages, schema, max_tokens=64, **ask
         )  # room for a weak model spelling JSON piecewise
         spymaster.add_turn([*messages, choice])
         clue = parse_clue(choice.message.content)
@@ -400,7 +408,7 @@ async def play(
             {"role": "user", "content": game.operative_view(word, count)},
         ]
         schema = guess_schema(game, count) if constrained else None
-        choice = await _ask(model, messages, schema, max_tokens=160, **ask)
+        choice = await _ask(player, messages, schema, max_tokens=160, **ask)
         operative.add_turn([*messages, choice])
         words = parse_guesses(choice.message.content)
         made, problem = game.guesses(words, count) if words is not None else ([], "not JSON {guesses: [...]}")
@@ -472,3 +480,66 @@ async def self_play_groups(
         max_exceptions=max_exceptions,
     )
     return groups_by_role(games)
+
+
+async def head_to_head(
+    models: Mapping[str, Model],
+    scenarios: Iterable[int],
+    *,
+    temperature: float = 0.0,
+    constrained: bool = True,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    max_exceptions: int | float = 0,
+) -> pd.DataFrame:
+    """Two models against each other on each board, twice: each plays red (who starts and owns 9 words) once.
+
+    Self-play cannot say whether training helped: the same model is on both sides, so one of its teams wins
+    every game. Here the trained model meets the base one on boards neither trained on.
+
+    >>> table = await codenames.head_to_head({"trained": model, "base": model.as_base_model()}, range(10**6, 10**6 + 8))
+    >>> art.summarize_evaluation(table, ["win", "margin", "guess_accuracy"])
+
+    Returns one row per role per game, in the shape of `art.evaluate`'s table: `model` (the label), `scenario`,
+    `team`, `role`, `reward` and the trajectory's metrics (`win`, `draw`, `margin`, `valid_clue_rate` for
+    spymasters, `guess_accuracy` for operatives...). A model's win rate is the mean of `win` over its rows.
+    """
+    labels = list(models)
+    if len(labels) != 2:
+        raise ValueError(f"head_to_head needs exactly two models, got {len(labels)}: {labels}")
+    scenarios = list(scenarios)
+    if not scenarios:
+        raise ValueError("head_to_head needs at least one board (scenario)")
+    games = [(s, red, blue) for s in scenarios for red, blue in (labels, labels[::-1])]
+    played = await gather_trajectories(
+        (
+            play(
+                models[red],
+                s,
+                opponent=models[blue],
+                temperature=temperature,
+                constrained=constrained,
+                max_turns=max_turns,
+            )
+            for s, red, blue in games
+        ),
+        pbar_desc="head to head",
+        max_exceptions=max_exceptions,
+    )
+    rows = []
+    for (s, red, blue), result in zip(games, played, strict=True):
+        if isinstance(result, BaseException):
+            continue
+        for traj in result:
+            team = traj.metadata["team"]
+            metrics = {k: float(v) for k, v in traj.metrics.items() if isinstance(v, (int, float, bool))}
+            rows.append(
+                {
+                    "model": red if team == "red" else blue,
+                    "scenario": s,
+                    "team": team,
+                    "role": traj.metadata["role"],
+                    "reward": traj.reward,
+                    **metrics,
+                }
+            )
+    return pd.DataFrame(rows)

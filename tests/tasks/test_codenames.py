@@ -9,6 +9,7 @@ import re
 import pytest
 from openai.types.chat.chat_completion import Choice
 
+import artnb as art
 from artnb.core.tokenize import tokenize_trajectory
 from artnb.core.trajectory import Trajectory
 from artnb.tasks import codenames
@@ -267,3 +268,49 @@ async def test_self_play_groups_and_malformed_moves_on_a_real_engine(tiny_model)
     assert "was refused" in red_spymaster.histories()[1].messages_and_choices[1]["content"]
     assert red_operative.trainable_turns() == 0
     assert [g.metadata["role"] for g in groups_by_role([trajs, trajs])] == ["spymaster", "spymaster"]
+
+
+async def test_head_to_head_plays_each_board_once_as_each_colour(tiny_model):
+    twin = art.Model(
+        name="twin",
+        inference_model_name="base",
+        inference_base_url=tiny_model.inference_base_url,
+        inference_api_key=tiny_model.inference_api_key,
+    )
+    table = await codenames.head_to_head({"a": tiny_model, "b": twin}, [3, 4], max_turns=2)
+    assert len(table) == 2 * 2 * 4  # boards x colours x roles
+    for (board, model), rows in table.groupby(["scenario", "model"]):
+        assert sorted(rows["team"]) == ["blue", "blue", "red", "red"], (board, model)
+    for (board, team), rows in table.groupby(["scenario", "team"]):
+        assert sorted(rows["model"]) == ["a", "a", "b", "b"], (board, team)
+    spymasters = table[table.role == "spymaster"]
+    for board in (3, 4):
+        for red in ("a", "b"):  # one game: red's spymaster and the other model's blue one
+            blue = "b" if red == "a" else "a"
+            game = spymasters[
+                (spymasters.scenario == board)
+                & (
+                    ((spymasters.model == red) & (spymasters.team == "red"))
+                    | ((spymasters.model == blue) & (spymasters.team == "blue"))
+                )
+            ]
+            assert len(game) == 2
+            assert game.win.sum() + game.draw.iloc[0] == 1  # one winner, or a draw
+    summary = art.summarize_evaluation(table, ["win", "draw"])
+    assert list(summary.index) == ["a", "b"]
+
+
+async def test_the_opponent_plays_blue(tiny_model):
+    unserved = art.Model(
+        name="nobody",
+        inference_base_url=tiny_model.inference_base_url,
+        inference_api_key=tiny_model.inference_api_key,
+    )
+    trajs = await codenames.play(
+        tiny_model, 3, max_turns=1, opponent=unserved
+    )  # red's turn only: blue never asked
+    assert trajs[0].trainable_turns() == 1 and trajs[2].trainable_turns() == 0
+    with pytest.raises(Exception, match="nobody"):
+        await codenames.play(tiny_model, 3, max_turns=2, opponent=unserved)
+    with pytest.raises(ValueError, match="exactly two models"):
+        await codenames.head_to_head({"a": tiny_model}, [3])
