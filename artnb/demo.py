@@ -155,7 +155,7 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
 
 
 def _short(judge: str | LocalJudge) -> str:
-    return f"art.LocalJudge(method={judge.method!r}), offline" if isinstance(judge, LocalJudge) else judge
+    return f"{judge.label}, offline" if isinstance(judge, LocalJudge) else judge
 
 
 EVAL_METRICS = ("reward", "win", "legal_move_rate")

@@ -76,6 +76,12 @@ class LocalJudge:
         if self.method not in ("digits", "pairwise"):
             raise ValueError(f"LocalJudge method must be 'digits' or 'pairwise', got {self.method!r}")
 
+    @property
+    def label(self) -> str:
+        """How reports and panels name this judge: the call that makes it, e.g. "art.LocalJudge(method='digits')"."""
+        model = "" if self.base_model == DEFAULT else f"base_model={self.base_model!r}, "
+        return f"art.LocalJudge({model}method={self.method!r})"
+
     async def score(
         self, distinct: Sequence[Sequence[Message]], rubric: str, tools: list[dict[str, Any]] | None = None
     ) -> list[tuple[float, str]]:

@@ -280,7 +280,7 @@ def _judge_key(judge: Judge) -> str:
     if isinstance(judge, str):
         return judge
     if isinstance(judge, LocalJudge):
-        return f"LocalJudge ({judge.method}, offline)"
+        return f"{judge.label}, offline"
     raise TypeError(
         f"a judge is a litellm model string, an art.Model or an art.LocalJudge, got {type(judge).__name__}"
     )

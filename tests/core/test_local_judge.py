@@ -91,3 +91,9 @@ def test_the_measurement_script_plays_every_task_it_offers():
     )
     with pytest.raises(SystemExit):  # an unknown task is refused by name, not silently skipped
         judge_quality.main(["--tasks", "chess"])
+
+
+def test_reports_and_panels_name_a_judge_by_the_call_that_makes_it():
+    assert art.LocalJudge().label == "art.LocalJudge(method='digits')"
+    judge = art.LocalJudge(base_model="/models/judge", method="pairwise")
+    assert judge.label == "art.LocalJudge(base_model='/models/judge', method='pairwise')"
