@@ -36,6 +36,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
@@ -59,6 +61,12 @@ class Task:
     description: str
 
 
+def base_and_trained(table: pd.DataFrame, metrics: list[str]) -> dict[str, tuple[float, float]]:
+    """metric -> (the base model's mean, the trained model's) from an evaluation table labelled base/trained."""
+    summary = art.summarize_evaluation(table, metrics)
+    return {m: (summary.loc["base", (m, "mean")], summary.loc["trained", (m, "mean")]) for m in metrics}
+
+
 def played_task(rollout: Callable, metrics: list[str], settings: art.tutorial.Settings) -> Task:
     """A task whose rollout plays one scenario and scores it itself: the tutorials' games and ART·E."""
 
@@ -75,8 +83,7 @@ def played_task(rollout: Callable, metrics: list[str], settings: art.tutorial.Se
             settings.evaluation_scenarios(),
             temperature=0,
         )
-        summary = art.summarize_evaluation(table, metrics)
-        return {m: (summary.loc["base", (m, "mean")], summary.loc["trained", (m, "mean")]) for m in metrics}
+        return base_and_trained(table, metrics)
 
     return Task(groups, evaluate, f"evaluation: {settings.eval_scenarios} games each")
 
@@ -95,8 +102,7 @@ def codenames_task(settings: art.tutorial.Settings, max_turns: int) -> Task:
             settings.evaluation_scenarios(),
             max_turns=max_turns,
         )
-        summary = art.summarize_evaluation(table, metrics)
-        return {m: (summary.loc["base", (m, "mean")], summary.loc["trained", (m, "mean")]) for m in metrics}
+        return base_and_trained(table, metrics)
 
     return Task(
         groups,

@@ -58,9 +58,13 @@ async def evaluate(
             rows.append({**row, "reward": math.nan, "error": f"{type(result).__name__}: {result}"})
             continue
         for traj in result if isinstance(result, list) else [result]:
-            metrics = {k: float(v) for k, v in traj.metrics.items() if isinstance(v, (int, float, bool))}
-            rows.append({**row, "reward": traj.reward, **metrics, "error": ""})
+            rows.append({**row, "reward": traj.reward, **numeric_metrics(traj), "error": ""})
     return pd.DataFrame(rows)
+
+
+def numeric_metrics(traj: Trajectory) -> dict[str, float]:
+    """A trajectory's metrics that are numbers (bools as 0/1), as floats: the columns of an evaluation table."""
+    return {k: float(v) for k, v in traj.metrics.items() if isinstance(v, (int, float, bool))}
 
 
 def summarize_evaluation(table: pd.DataFrame, metrics: Iterable[str] = ("reward",)) -> pd.DataFrame:

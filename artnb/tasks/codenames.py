@@ -42,6 +42,7 @@ from typing import Any
 import pandas as pd
 from openai.types.chat.chat_completion import Choice
 
+from ..core.evaluate import numeric_metrics
 from ..core.gather import gather_trajectories, retry
 from ..core.model import Model
 from ..core.trajectory import History, Trajectory, TrajectoryGroup
@@ -531,7 +532,6 @@ async def head_to_head(
             continue
         for traj in result:
             team = traj.metadata["team"]
-            metrics = {k: float(v) for k, v in traj.metrics.items() if isinstance(v, (int, float, bool))}
             rows.append(
                 {
                     "model": red if team == "red" else blue,
@@ -539,7 +539,7 @@ async def head_to_head(
                     "team": team,
                     "role": traj.metadata["role"],
                     "reward": traj.reward,
-                    **metrics,
+                    **numeric_metrics(traj),
                 }
             )
     return pd.DataFrame(rows)
