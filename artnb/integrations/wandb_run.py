@@ -24,6 +24,7 @@ import os
 import queue
 import random
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
@@ -85,6 +86,10 @@ class WandbReporter:
             "dir": str(model.store.wandb_dir),
         }
         model.store.wandb_dir.mkdir(parents=True, exist_ok=True)
+        if "weave" in sys.modules:  # wandb.init will start Weave in the worker thread
+            from .weave_init import import_what_weave_imports_late
+
+            import_what_weave_imports_late()
         self._thread = threading.Thread(target=self._work, args=(init,), name="artnb-wandb", daemon=True)
         self._thread.start()
 

@@ -9,10 +9,15 @@ a failure into one clear warning: the loop goes on, untraced.
 
     from artnb.integrations.weave_init import init_weave
     init_weave(model.project, global_postprocess_output=art.utils.strip_logprobs)
+
+Weave starting in a worker thread (here, and in the W&B reporter's thread, where `wandb.init` starts Weave when
+weave is imported) must first call `import_what_weave_imports_late()`: see its docstring.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import threading
 from typing import Any
@@ -33,6 +38,7 @@ def init_weave(project: str, timeout_s: float = 30.0, **kwargs: Any) -> Any | No
         except BaseException as error:  # weave may raise anything from its transport (or SystemExit)
             outcome["error"] = error
 
+    import_what_weave_imports_late()
     worker = threading.Thread(target=start, name="artnb-weave-init", daemon=True)
     worker.start()
     worker.join(timeout_s)
@@ -49,3 +55,15 @@ def init_weave(project: str, timeout_s: float = 30.0, **kwargs: Any) -> Any | No
         "(WANDB_API_KEY). Weave tracing is off; @weave.op functions still run and training goes on."
     )
     return None
+
+
+def import_what_weave_imports_late() -> None:
+    """Import `httpx2` (when installed) in the calling thread, before Weave starts in another.
+
+    Weave's init imports httpx2 on its way to W&B (gql's httpx transport). openai (2.5x) looks up
+    `sys.modules["httpx2"]` on every response it parses, without the import lock, so while another thread is
+    importing httpx2 a rollout can find it half-made and fail with "partially initialized module 'httpx2' has no
+    attribute 'Response'" (seen in our CI: a W&B run started Weave while the next group was gathered). Imported
+    whole here first, there is no such moment."""
+    if importlib.util.find_spec("httpx2") is not None:
+        importlib.import_module("httpx2")

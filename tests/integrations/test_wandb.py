@@ -135,6 +135,23 @@ def test_without_wandb_asked_for_it_is_not_imported(tmp_path):
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+def test_a_run_that_starts_weave_leaves_openai_nothing_half_imported(tmp_path):
+    """ART's notebooks import weave; wandb.init then starts Weave in the W&B thread, and Weave imports httpx2 there
+    while rollouts parse responses in the notebook's thread. openai reads `sys.modules["httpx2"]` on every response,
+    so httpx2 must be whole from the moment the run starts (a half-imported one once failed a rollout in CI). A
+    fresh process, so nothing imported httpx2 before."""
+    code = (
+        "import sys, weave, artnb as art; from artnb.integrations import wandb_run; "
+        f"m = art.TrainableModel(name='a', project='p', base_model='x', base_path={str(tmp_path)!r}); "
+        "r = wandb_run.WandbReporter(m); h = sys.modules.get('httpx2'); "
+        "print('whole' if h is not None and hasattr(h, 'Response') else 'missing or partial'); r.close()"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("WANDB_", "LANGFUSE_"))}
+    env["WANDB_MODE"] = "offline"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+    assert out.stdout.strip().splitlines()[:1] == ["whole"], out.stdout[-500:] + out.stderr[-2000:]
+
+
 async def test_an_unreachable_wandb_warns_once_and_training_goes_on(monkeypatch, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
