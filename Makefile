@@ -36,8 +36,11 @@ $(STAMP): $(CORE)
 demo: $(CORE)
 	$(VENV)/bin/artnb demo $(ARGS)
 
+# Two pytest workers, each taking whole files (a file's engines and fixtures stay in one process): the suite is
+# mostly waiting on engine starts and child processes, so two overlap well on 2 cores. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check artnb tests benchmarks

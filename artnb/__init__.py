@@ -10,100 +10,68 @@ from dotenv import find_dotenv, load_dotenv  # noqa: E402
 # (ART's default search starts at the package's own folder); variables already set are kept.
 load_dotenv(find_dotenv(usecwd=True))
 
-from . import dev, explain, models, tutorial  # noqa: E402
-from .backends.local import EngineDiedError, LocalBackend  # noqa: E402
-from .core.compare import RewardComparison, compare_rewards  # noqa: E402
-from .core.config import LoRAConfig, TrainConfig, TrainerConfig  # noqa: E402
-from .core.evaluate import evaluate, summarize_evaluation  # noqa: E402
-from .core.gather import (  # noqa: E402
-    AfterEachFailure,
-    GatheredGroups,
-    TooManyExceptions,
-    gather_trajectories,
-    gather_trajectory_groups,
-    retry,
-)
-from .core.judge_requests import JudgeLimits, JudgeRequestError, RulerError  # noqa: E402
-from .core.local_judge import LocalJudge as LocalJudge  # noqa: E402 (exported)
-from .core.model import Model, NothingToTrainError, TrainableModel, TrainResult  # noqa: E402
-from .core.ruler import DEFAULT_RUBRIC, ruler, ruler_score_group  # noqa: E402
-from .core.sft import TrainSFTConfig  # noqa: E402
-from .core.store import RunInUseError  # noqa: E402
-from .core.trajectory import (  # noqa: E402
-    History,
-    Messages,
-    MessagesAndChoices,
-    Tools,
-    Trajectory,
-    TrajectoryGroup,
-)
-
-LocalTrainResult = TrainResult  # ART's name for what LocalBackend.train returns
-
-__all__ = [
-    "AfterEachFailure",
-    "DEFAULT_RUBRIC",
-    "EngineDiedError",
-    "GatheredGroups",
-    "History",
-    "JudgeLimits",
-    "JudgeRequestError",
-    "LoRAConfig",
-    "LocalBackend",
-    "LocalTrainResult",
-    "Messages",
-    "MessagesAndChoices",
-    "Model",
-    "NothingToTrainError",
-    "RewardComparison",
-    "RulerError",
-    "RunInUseError",
-    "TooManyExceptions",
-    "Tools",
-    "TrainConfig",
-    "TrainResult",
-    "TrainSFTConfig",
-    "TrainableModel",
-    "TrainerConfig",
-    "Trajectory",
-    "TrajectoryGroup",
-    "compare_rewards",
-    "dev",
-    "evaluate",
-    "explain",
-    "gather_trajectories",
-    "gather_trajectory_groups",
-    "models",
-    "retry",
-    "ruler",
-    "ruler_score_group",
-    "summarize_evaluation",
-    "tutorial",
-]
-
-
-# Imported on first use: `art.widgets` (ipywidgets, plotly) and ART's module paths (`art.utils`, `art.rewards`...).
-_LAZY_MODULES = {
-    "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types", "trajectories", "metrics", "integrations",
-    "autorl",
-}  # fmt: skip
-# Backends beyond this machine, imported on first use: name -> module.
-_LAZY_CLASSES = {
-    "RemoteBackend": "backends.remote",
-    "Backend": "backends.remote",  # ART 0.3-0.4's client of a backend server
-    "ServerUnavailableError": "backends.remote",
+# Every public name is imported on first use (PEP 562), so `import artnb` stays cheap and a process that needs one
+# module (an engine server, a worker) does not import the whole package: name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("EngineDiedError", "LocalBackend"), "backends.local"),
+    **dict.fromkeys(("RewardComparison", "compare_rewards"), "core.compare"),
+    **dict.fromkeys(("LoRAConfig", "TrainConfig", "TrainerConfig"), "core.config"),
+    **dict.fromkeys(("evaluate", "summarize_evaluation"), "core.evaluate"),
+    **dict.fromkeys(
+        (
+            "AfterEachFailure",
+            "GatheredGroups",
+            "TooManyExceptions",
+            "gather_trajectories",
+            "gather_trajectory_groups",
+        ),
+        "core.gather",
+    ),
+    "retry": "core.gather",
+    **dict.fromkeys(("JudgeLimits", "JudgeRequestError", "RulerError"), "core.judge_requests"),
+    "LocalJudge": "core.local_judge",
+    **dict.fromkeys(("Model", "NothingToTrainError", "TrainableModel", "TrainResult"), "core.model"),
+    **dict.fromkeys(("DEFAULT_RUBRIC", "ruler", "ruler_score_group"), "core.ruler"),
+    "TrainSFTConfig": "core.sft",
+    "RunInUseError": "core.store",
+    **dict.fromkeys(
+        ("History", "Messages", "MessagesAndChoices", "Tools", "Trajectory", "TrajectoryGroup"),
+        "core.trajectory",
+    ),
+}
+# Backends beyond this machine: reachable as attributes, left out of `from artnb import *`.
+_BEYOND: dict[str, str] = {
+    # Backend: ART 0.3-0.4's client of a backend server
+    **dict.fromkeys(("RemoteBackend", "Backend", "ServerUnavailableError"), "backends.remote"),
     "SkyPilotBackend": "backends.skypilot",
     "ServerlessBackend": "serverless",
 }
+_ALIASES = {"LocalTrainResult": "TrainResult"}  # ART's name for what LocalBackend.train returns
+# Submodules a user reaches as attributes: artnb's own and ART's module paths (`art.utils`, `art.rewards`...).
+_MODULES = (
+    "dev", "explain", "models", "tutorial", "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types",
+    "trajectories", "metrics", "integrations", "autorl",
+)  # fmt: skip
+
+__all__ = sorted({*_EXPORTS, *_ALIASES, "dev", "explain", "models", "tutorial"})
 
 
 def __getattr__(name: str):
-    if name in _LAZY_MODULES:
-        import importlib
+    import importlib.util
 
-        return importlib.import_module(f".{name}", __name__)
-    if name in _LAZY_CLASSES:
-        import importlib
+    attribute = _ALIASES.get(name, name)
+    if module := _EXPORTS.get(attribute) or _BEYOND.get(attribute):
+        value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+    elif name in _MODULES or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # also artnb.core, artnb.tasks, ...
+    else:
+        raise AttributeError(f"module 'artnb' has no attribute {name!r}")
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
-        return getattr(importlib.import_module(f".{_LAZY_CLASSES[name]}", __name__), name)
-    raise AttributeError(f"module 'artnb' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    import pkgutil
+
+    submodules = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+    return sorted({*globals(), *_EXPORTS, *_BEYOND, *_ALIASES, *_MODULES, *submodules})
