@@ -5,6 +5,7 @@ resumed run keeps its id; without W&B asked for, wandb is not imported; an unrea
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -123,16 +124,27 @@ async def test_a_run_records_history_config_and_trajectories_and_resumes(offline
     assert [r["training_step"] for r in resumed["history"]] == [3]
 
 
+def in_a_fresh_process(code: str, tmp_path: Path, **env: str) -> str:
+    """The first line `code` prints, run in a new Python with `m`, a model in tmp_path, and no W&B or Langfuse
+    variables but `env`."""
+    setup = f"import sys, artnb as art; m = art.TrainableModel(name='a', project='p', base_model='x', base_path={str(tmp_path)!r}); "
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "LANGFUSE_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", setup + code],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=180,
+    )
+    return (out.stdout.strip().splitlines() or [""])[0] + ("" if out.returncode == 0 else out.stderr[-2000:])
+
+
 def test_without_wandb_asked_for_it_is_not_imported(tmp_path):
     code = (
-        "import sys, artnb as art; from artnb import integrations; "
-        f"m = art.TrainableModel(name='a', project='p', base_model='x', base_path={str(tmp_path)!r}); "
-        "assert integrations.reporters(m) == [], integrations.reporters(m); "
-        "assert 'wandb' not in sys.modules; print('ok')"
+        "from artnb import integrations; assert integrations.reporters(m) == [], integrations.reporters(m); "
+        "print('wandb imported' if 'wandb' in sys.modules else 'ok')"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("WANDB_", "LANGFUSE_"))}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert in_a_fresh_process(code, tmp_path) == "ok"
 
 
 def test_a_run_that_starts_weave_leaves_openai_nothing_half_imported(tmp_path):
@@ -141,15 +153,11 @@ def test_a_run_that_starts_weave_leaves_openai_nothing_half_imported(tmp_path):
     so httpx2 must be whole from the moment the run starts (a half-imported one once failed a rollout in CI). A
     fresh process, so nothing imported httpx2 before."""
     code = (
-        "import sys, weave, artnb as art; from artnb.integrations import wandb_run; "
-        f"m = art.TrainableModel(name='a', project='p', base_model='x', base_path={str(tmp_path)!r}); "
+        "import weave; from artnb.integrations import wandb_run; "
         "r = wandb_run.WandbReporter(m); h = sys.modules.get('httpx2'); "
         "print('whole' if h is not None and hasattr(h, 'Response') else 'missing or partial'); r.close()"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("WANDB_", "LANGFUSE_"))}
-    env["WANDB_MODE"] = "offline"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
-    assert out.stdout.strip().splitlines()[:1] == ["whole"], out.stdout[-500:] + out.stderr[-2000:]
+    assert in_a_fresh_process(code, tmp_path, WANDB_MODE="offline") == "whole"
 
 
 async def test_an_unreachable_wandb_warns_once_and_training_goes_on(monkeypatch, tmp_path):
