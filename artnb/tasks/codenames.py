@@ -332,9 +332,13 @@ class _Player:
                 "invalid_moves": self.invalid,
             }
         )
+        # A rate over no turns is not a rate: a spymaster whose game ended before their first turn (the other
+        # team found the assassin) has none, rather than a 0 that reads as "every clue refused" in the means.
         if role == "spymaster":
-            self.traj.metrics["valid_clue_rate"] = len(self.counts) / turns if turns else 0.0
-            self.traj.metrics["mean_clue_count"] = sum(self.counts) / len(self.counts) if self.counts else 0.0
+            if turns:
+                self.traj.metrics["valid_clue_rate"] = len(self.counts) / turns
+            if self.counts:
+                self.traj.metrics["mean_clue_count"] = sum(self.counts) / len(self.counts)
         else:
             self.traj.metrics["guesses"] = self.guesses
             self.traj.metrics["guess_accuracy"] = self.correct / self.guesses if self.guesses else 0.0

@@ -268,6 +268,13 @@ async def test_self_play_groups_and_malformed_moves_on_a_real_engine(tiny_model)
     assert "was refused" in red_spymaster.histories()[1].messages_and_choices[1]["content"]
     assert red_operative.trainable_turns() == 0
     assert [g.metadata["role"] for g in groups_by_role([trajs, trajs])] == ["spymaster", "spymaster"]
+    # a refused clue is a valid-clue rate of 0; a spymaster who never had a turn has no rate (not a 0 that
+    # would drag the evaluation's mean down as if their clues had been refused)
+    red_spymaster, _, blue_spymaster, _ = await codenames.play(
+        tiny_model, scenario=6, constrained=False, max_turns=1
+    )
+    assert red_spymaster.metrics["valid_clue_rate"] == 0.0 and "mean_clue_count" not in red_spymaster.metrics
+    assert blue_spymaster.metrics["turns"] == 0 and "valid_clue_rate" not in blue_spymaster.metrics
 
 
 async def test_head_to_head_plays_each_board_once_as_each_colour(tiny_model):
