@@ -16,7 +16,11 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("EngineDiedError", "LocalBackend"), "backends.local"),
     **dict.fromkeys(("RewardComparison", "compare_rewards"), "core.compare"),
     **dict.fromkeys(("LoRAConfig", "TrainConfig", "TrainerConfig"), "core.config"),
-    **dict.fromkeys(("evaluate", "summarize_evaluation"), "core.evaluate"),
+    **dict.fromkeys(
+        ("compare_evaluation", "evaluate", "format_comparison", "paired_difference", "summarize_evaluation"),
+        "core.evaluate",
+    ),
+    **dict.fromkeys(("Interval", "bootstrap_mean"), "core.intervals"),
     **dict.fromkeys(
         (
             "AfterEachFailure",
@@ -30,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("JudgeLimits", "JudgeRequestError", "RulerError"), "core.judge_requests"),
     "LocalJudge": "core.local_judge",
+    **dict.fromkeys(("PreflightReport", "preflight", "preflight_groups"), "core.preflight"),
     **dict.fromkeys(("Model", "NothingToTrainError", "TrainableModel", "TrainResult"), "core.model"),
     **dict.fromkeys(("DEFAULT_RUBRIC", "ruler", "ruler_score_group"), "core.ruler"),
     "TrainSFTConfig": "core.sft",

@@ -1,9 +1,16 @@
 """`make demo` / `artnb demo`: train the embedded model on tic-tac-toe on this machine and report the curve.
 
-One readable recipe: register, then per step gather groups of games, train, print a line; then play the same
-fixed evaluation games greedily with the base model and the trained one, so a newcomer sees what training did,
-and write an HTML report with the reward curves and that comparison. Each group replays one opponent seed, so the rollouts in a group differ only
-by the model's sampling, which is what GRPO compares.
+One readable recipe: register; a preflight of the first step's games (can this reward teach? its verdict is
+printed first, and its games become step 0's batch); per step gather groups of games, train, print a line; then
+the base model and the trained one play the same held-out games, greedily and sampled, and the demo prints each
+mean with its 95% interval and the paired difference trained - base with its interval, and writes an HTML
+report with the reward curves and that comparison. Each group replays one opponent seed, so the rollouts in a
+group differ only by the model's sampling, which is what GRPO compares.
+
+Why sampled games too: a few steps of RL on a small model mostly sharpen a preference it already had, so its
+greedy games often stay the same move for move (measured: after 15 steps the first move's distribution had
+moved by a total variation of 0.34, and the greedy move was unchanged on 60 of 60 boards). Sampled games see
+the whole distribution; the greedy ones show what the model does most often. The demo says which is which.
 
 With `--ruler`, each group is scored by RULER before training and the model trains on the judge's scores. The
 judge is `art.LocalJudge()` (the embedded 135M model grading each game from its digit probabilities, in this
@@ -24,14 +31,17 @@ from functools import partial
 from html import escape as html_escape
 from pathlib import Path
 
+import pandas as pd
+
 from . import models
 from .backends.local import LocalBackend
 from .core.compare import compare_rewards
 from .core.config import TrainConfig
-from .core.evaluate import evaluate, summarize_evaluation
+from .core.evaluate import compare_evaluation, evaluate, format_comparison, paired_difference
 from .core.gather import gather_trajectory_groups
 from .core.local_judge import LocalJudge
 from .core.model import TrainableModel, summarize_groups
+from .core.preflight import PreflightReport, preflight
 from .core.ruler import ruler_score_group
 from .core.trajectory import TrajectoryGroup
 from .plots import evaluation_figure, reward_figure
@@ -40,7 +50,7 @@ from .tasks import tic_tac_toe
 
 @dataclass
 class DemoConfig:
-    steps: int = 5  # RL steps; 40-100 s each for the embedded model on 2 CPU cores
+    steps: int = 5  # RL steps; 15-40 s each for the embedded model on 2 CPU cores
     groups_per_step: int = 2  # opponent seeds per step
     group_size: int = 8  # games per seed; GRPO compares these
     learning_rate: float = 1e-3  # the 135M model needs ~1e-3; 3B+ models want ~1e-5
@@ -53,7 +63,9 @@ class DemoConfig:
     engine: str = "auto"
     ruler: bool = False  # train on RULER's scores of each group instead of the game's reward
     judge: str = ""  # with ruler: a litellm model ("openai/gpt-4o-mini", needs its key); "": art.LocalJudge()
-    eval_games: int = 16  # fixed opponent seeds both models play greedily at the end (0: skip)
+    eval_games: int = 16  # held-out opponent seeds both models play at the end (0: skip)
+    eval_samples: int = 4  # sampled games (temperature 1) per held-out seed, beside one greedy game
+    preflight: bool = True  # check the first step's games before training on them
 
 
 def demo_judge(cfg: DemoConfig) -> str | LocalJudge | None:
@@ -89,27 +101,30 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
             print(
                 "step lines: `reward` is the game's, `ruler` the judge's mean score (what the model trains on)"
             )
+        start = await model.get_step()
+        checked = await _preflight(model, cfg, judge, start) if cfg.preflight and cfg.steps else None
         ruler_col = f" {'ruler':>6}" if judge is not None else ""
         print(f"{'step':>4} {'reward':>7} {'legal':>6} {'win':>5}{ruler_col} {'rollout_s':>9} {'train_s':>7}")
-        start = await model.get_step()
         for step in range(start, start + cfg.steps):
-            t0 = time.monotonic()
-            seeds = [cfg.seed * 100_000 + step * cfg.groups_per_step + i for i in range(cfg.groups_per_step)]
-            groups = await gather_trajectory_groups(
-                (
-                    TrajectoryGroup(tic_tac_toe.rollout(model, s) for _ in range(cfg.group_size))
-                    for s in seeds
-                ),
-                pbar_desc=f"gather step {step}",
-                after_each=partial(ruler_score_group, judge_model=judge) if judge is not None else None,
-            )
+            if step == start and checked is not None:  # the preflight played (and judged) these games
+                groups, rollout_s = checked.groups, (checked.batch.rollout_s or 0.0) + checked.batch.judge_s
+            else:
+                t0 = time.monotonic()
+                groups = await gather_trajectory_groups(
+                    (
+                        TrajectoryGroup(tic_tac_toe.rollout(model, s) for _ in range(cfg.group_size))
+                        for s in _seeds(cfg, step)
+                    ),
+                    pbar_desc=f"gather step {step}",
+                    after_each=partial(ruler_score_group, judge_model=judge) if judge is not None else None,
+                )
+                rollout_s = time.monotonic() - t0
             if judge is not None and step == start and groups:
                 table = compare_rewards(groups[0]).trajectories
                 print(f"first group: game reward beside the score of {_short(judge)} (rank 1 = best)")
                 print(
                     table[["independent_reward", "ruler_score", "independent_rank", "ruler_rank"]].to_string()
                 )
-            rollout_s = time.monotonic() - t0
             t0 = time.monotonic()
             await model.train(groups, config=TrainConfig(learning_rate=cfg.learning_rate))
             train_s = time.monotonic() - t0
@@ -143,7 +158,10 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
         )
     figs = [reward_figure(history, m, title=t) for m, t in curves]
     if evaluation is not None:
-        figs.append(evaluation_figure(evaluation, EVAL_METRICS))
+        for mode, games in evaluation.groupby("mode", sort=False):
+            fig = evaluation_figure(games, EVAL_METRICS)
+            fig.update_layout(title=f"{fig.layout.title.text}: {mode} games")
+            figs.append(fig)
     html = (
         "<h1>artnb demo: tic-tac-toe</h1>"
         + trained_on
@@ -160,20 +178,73 @@ def _short(judge: str | LocalJudge) -> str:
 
 EVAL_METRICS = ("reward", "win", "legal_move_rate")
 EVAL_SEEDS_FROM = 1_000_000  # never a training seed
+# Games in flight during the evaluation: vLLM's CPU KV cache (512 MiB, ~11k tokens of this model) keeps about
+# this many game histories for the prefix cache; hundreds at once push each other out and every move re-reads
+# its whole game.
+EVAL_CONCURRENCY = 32
+
+
+def _seeds(cfg: DemoConfig, step: int) -> list[int]:
+    """The opponent seeds of a step's groups: new every step, different per `--seed`."""
+    return [cfg.seed * 100_000 + step * cfg.groups_per_step + i for i in range(cfg.groups_per_step)]
+
+
+async def _preflight(model: TrainableModel, cfg: DemoConfig, judge, step: int) -> PreflightReport:
+    """Check the first step's games before training on them; print the verdict and every check."""
+    report = await preflight(
+        model, tic_tac_toe.rollout, _seeds(cfg, step), group_size=cfg.group_size, judge=judge
+    )
+    print(report)
+    return report
 
 
 async def _base_against_trained(model: TrainableModel, cfg: DemoConfig):
-    """The same fixed games, greedy, for the base model and the newest checkpoint; printed as a table."""
-    models_ = {"base": model.as_base_model(), f"trained (step {await model.get_step()})": model}
+    """The same held-out games for the base model and the newest checkpoint, greedy and sampled; each mean
+    with its interval and the paired difference, printed."""
+    trained = f"trained (step {await model.get_step()})"
+    models_ = {"base": model.as_base_model(), trained: model}
     seeds = range(EVAL_SEEDS_FROM, EVAL_SEEDS_FROM + cfg.eval_games)
-    table = await evaluate(tic_tac_toe.rollout, models_, seeds, temperature=0, pbar_desc="base vs trained")
-    summary = summarize_evaluation(table, EVAL_METRICS)
-    print(f"\nbase vs trained: the same {cfg.eval_games} games, greedy (temperature 0)")
-    print(f"{'model':<20} {'reward':>7} {'win':>5} {'legal':>6}")
-    for label in summary.index:
-        means = [summary.loc[label, (m, "mean")] for m in EVAL_METRICS]
-        print(f"{label:<20} {means[0]:>7.3f} {means[1]:>5.2f} {means[2]:>6.2f}")
-    return table
+    tables = [
+        (
+            await evaluate(
+                tic_tac_toe.rollout,
+                models_,
+                seeds,
+                temperature=0,
+                max_concurrent=EVAL_CONCURRENCY,
+                pbar_desc="greedy games",
+            )
+        ).assign(mode="greedy")
+    ]
+    if cfg.eval_samples:
+        sampled = await evaluate(
+            tic_tac_toe.rollout,
+            models_,
+            seeds,
+            temperature=1.0,
+            samples=cfg.eval_samples,
+            max_concurrent=EVAL_CONCURRENCY,
+            pbar_desc="sampled games",
+        )
+        tables.append(sampled.assign(mode="sampled"))
+    print(f"\nbase vs trained on the same {cfg.eval_games} held-out games (95% intervals over the games)")
+    for table in tables:
+        mode = table["mode"].iloc[0]
+        how = "greedy (temperature 0)" if mode == "greedy" else f"sampled, {cfg.eval_samples} per game"
+        print(f"{how}:")
+        print(format_comparison(compare_evaluation(table, EVAL_METRICS, model=trained)))
+    diff = paired_difference(tables[-1], "reward", model=trained)
+    kind = tables[-1]["mode"].iloc[0]
+    if diff.low > 0:
+        verdict = "training helped: the interval is above 0"
+    elif diff.high < 0:
+        verdict = "training hurt: the interval is below 0"
+    else:
+        verdict = (
+            "these games cannot tell the two apart: the interval holds 0 (train longer, or play more games)"
+        )
+    print(f"trained - base, reward on {kind} games: {diff}  {verdict}")
+    return pd.concat(tables, ignore_index=True)
 
 
 def main(cfg: DemoConfig) -> list[dict]:

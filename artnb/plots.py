@@ -75,25 +75,40 @@ def reward_figure(
     return fig
 
 
-def evaluation_figure(table: pd.DataFrame, metrics: tuple[str, ...] = ("reward",)) -> go.Figure:
-    """Bars of each metric's mean per model, with the standard deviation as error bars (`core.evaluate` table)."""
+def evaluation_figure(
+    table: pd.DataFrame, metrics: tuple[str, ...] = ("reward",), confidence: float = 0.95
+) -> go.Figure:
+    """Bars of each metric's mean per model with its bootstrap interval as error bars (`core.evaluate` table;
+    a `run` column makes the interval cover the runs too)."""
     from .core.evaluate import summarize_evaluation
 
-    summary = summarize_evaluation(table, metrics)
-    fig = go.Figure(
-        [
+    summary = summarize_evaluation(table, metrics, confidence=confidence)
+    bars = []
+    for metric in metrics:
+        mean, low, high = (summary[(metric, c)] for c in ("mean", "low", "high"))
+        bars.append(
             go.Bar(
                 name=metric,
                 x=list(summary.index),
-                y=summary[(metric, "mean")].tolist(),
-                error_y={"type": "data", "array": summary[(metric, "std")].fillna(0).tolist()},
-                hovertext=[f"{int(n)} games" for n in summary[(metric, "count")]],
+                y=mean.tolist(),
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": (high - mean).clip(lower=0).fillna(0).tolist(),
+                    "arrayminus": (mean - low).clip(lower=0).fillna(0).tolist(),
+                },
+                hovertext=[
+                    f"{m:.3f} [{lo:.3f}, {hi:.3f}], {int(n)} games"
+                    for m, lo, hi, n in zip(mean, low, high, summary[(metric, "count")], strict=True)
+                ],
             )
-            for metric in metrics
-        ]
-    )
+        )
+    fig = go.Figure(bars)
     fig.update_layout(
-        title="evaluation: same scenarios, each model", barmode="group", template="plotly_white", height=380
+        title=f"evaluation: same scenarios, each model (bars: {confidence:.0%} interval)",
+        barmode="group",
+        template="plotly_white",
+        height=380,
     )
     return fig
 

@@ -1,5 +1,8 @@
-"""`make demo`: trains, then shows the base model against the trained one on the same fixed games; with
-`--ruler`, trains on the offline LocalJudge's scores and says which judge scored."""
+"""`make demo`: a preflight verdict first, trains (step 0 on the preflight's games), then shows the base model
+against the trained one on the same held-out games, greedy and sampled, with intervals and the paired
+difference; with `--ruler`, trains on the offline LocalJudge's scores and says which judge scored."""
+
+import re
 
 import pytest
 
@@ -27,16 +30,26 @@ def small_demo(tmp_path, base: str, **options) -> DemoConfig:
     )
 
 
-async def test_the_demo_trains_then_compares_base_and_trained_on_the_same_games(tmp_path, base, capsys):
-    rows = await run_demo(small_demo(tmp_path, base, eval_games=3))
+async def test_the_demo_checks_trains_then_compares_base_and_trained_on_the_same_games(
+    tmp_path, base, capsys
+):
+    rows = await run_demo(small_demo(tmp_path, base, eval_games=3, eval_samples=2))
     assert [r["step"] for r in rows] == [0]
     out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "reward"])
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("preflight: "))
+    assert verdict < header  # the verdict and its checks come before step 0
+    assert "rollouts that finished: 4 of 4" in out[: out.index("\nstep")]
     comparison = out[out.index("base vs trained") :].splitlines()
-    assert "the same 3 games, greedy" in comparison[0]
-    assert [line.split()[0] for line in comparison[2:4]] == ["base", "trained"]
-    assert "trained (step 1)" in comparison[3]
+    assert "the same 3 held-out games" in comparison[0]
+    assert comparison[1] == "greedy (temperature 0):" and "sampled, 2 per game:" in comparison
+    assert comparison[2].split()[:5] == ["metric", "base", "trained", "(step", "1)"]
+    assert [line.split()[0] for line in comparison[3:6]] == ["reward", "win", "legal_move_rate"]
+    assert comparison[-2].startswith("trained - base, reward on sampled games: ")
+    assert re.search(r"games: [+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", comparison[-2])
     html = (tmp_path / "demo.html").read_text()
-    assert "evaluation: same scenarios, each model" in html and "trained (step 1)" in html
+    assert "greedy games" in html and "sampled games" in html and "trained (step 1)" in html
 
 
 def test_the_demo_judge_is_offline_unless_a_hosted_one_is_given():

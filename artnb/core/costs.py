@@ -48,6 +48,20 @@ class CostLedger:
             if usd is not None:
                 totals["usd"] += usd
 
+    def forward(self, other: CostLedger) -> dict[str, float]:
+        """Move everything recorded here into `other` (whose next drain reports it); returns it as metrics."""
+        with self._lock:
+            totals, self._totals = self._totals, defaultdict(lambda: defaultdict(float))
+        for source, kinds in totals.items():
+            other.add(
+                source,
+                prompt_tokens=int(kinds.get("prompt_tokens", 0)),
+                completion_tokens=int(kinds.get("completion_tokens", 0)),
+                usd=kinds.get("usd"),
+                requests=int(kinds.get("requests", 0)),
+            )
+        return {names.cost(source, kind): v for source, kinds in totals.items() for kind, v in kinds.items()}
+
     def drain(self) -> dict[str, float]:
         """The metrics accumulated since the last drain (`costs/{source}/{kind}`), and start again."""
         with self._lock:

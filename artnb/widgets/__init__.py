@@ -1,5 +1,6 @@
 """Notebook panels over artnb's core objects: `import artnb.widgets` (or use `art.widgets`, loaded on first use).
 
+- `PreflightView(await art.preflight(...))`: before step 1, whether the reward can teach: a verdict per check.
 - `GroupView(group_or_groups)`: the trajectories as chats sorted by reward, tokens coloured by logprob.
 - `RulerComparison(group_or_groups, judge=...)`: your reward beside RULER's score; edit the rubric, re-score.
 - `TrainingPanel(model, rollout, scenarios)`: Gather, Score, Train step, Run N, Stop; live plot and groups.
@@ -27,6 +28,7 @@ def enable_colab_widgets() -> bool:
 enable_colab_widgets()
 
 from .group_view import GroupView  # noqa: E402
+from .preflight_view import PreflightView  # noqa: E402
 from .reward_plot import RewardPlot  # noqa: E402
 from .ruler_comparison import RulerComparison  # noqa: E402
 from .scenario_editor import ScenarioEditor  # noqa: E402
@@ -34,6 +36,7 @@ from .training_panel import TrainingPanel  # noqa: E402
 
 __all__ = [
     "GroupView",
+    "PreflightView",
     "RewardPlot",
     "RulerComparison",
     "ScenarioEditor",

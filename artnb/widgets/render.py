@@ -31,7 +31,8 @@ STYLE = """<style>
   font-family:var(--jp-code-font-family,monospace);font-size:13px}
 .artnb-table{border-collapse:collapse;font-size:12px}
 .artnb-table td,.artnb-table th{border-bottom:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}
-.artnb-disagree{background:rgba(214,39,40,.12)}
+.artnb-disagree,.artnb-fail{background:rgba(214,39,40,.12)}
+.artnb-warn{background:rgba(230,149,0,.12)}
 .artnb-kv{font-size:12px;color:#444}
 </style>"""
 
