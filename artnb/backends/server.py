@@ -44,7 +44,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..core.model import Model, NothingToTrainError, TrainableModel
-from ..core.store import RunStore, check_name
+from ..core.names import check_name
+from ..core.store import RunStore
 from ..core.wire import (
     API_KEY_ENV,
     DEFAULT_PORT,

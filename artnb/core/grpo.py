@@ -29,12 +29,16 @@ def group_advantages(rewards: Sequence[float], scale_rewards: bool = True) -> li
         return []
     if max(rewards) == min(rewards):
         return [0.0] * n  # exact zeros: the mean of equal floats can round, and 1e-11 is not "no signal"
-    mean = sum(rewards) / n
-    centred = [r - mean for r in rewards]
+    # Divided by the largest |reward| first, so that huge rewards neither overflow the sum nor the squares; the
+    # scale is multiplied back in, and divides out again when scaled by the spread.
+    scale = max(abs(r) for r in rewards)
+    unit = [r / scale for r in rewards]
+    mean = math.fsum(unit) / n
+    centred = [u - mean for u in unit]
     if not scale_rewards:
-        return centred
-    std = math.sqrt(sum(c * c for c in centred) / n)
-    return [c / (std + 1e-6) for c in centred]
+        return [c * scale for c in centred]
+    std = math.sqrt(math.fsum(c * c for c in centred) / n) * scale
+    return [c * scale / (std + 1e-6) for c in centred]
 
 
 def balance_advantage(advantage: float, balance: float) -> float:

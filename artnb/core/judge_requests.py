@@ -119,7 +119,7 @@ async def request_judge(
     for sent in range(sent_before + 1, sent_before + attempts + 1):
         try:
             return await _request(params, messages, response_format, limits.timeout_s), sent - sent_before
-        except (asyncio.TimeoutError, openai.APIError) as error:
+        except (asyncio.TimeoutError, openai.APIError, EmptyReply) as error:
             failure, retryable, retry_after = _describe_failure(error, limits.timeout_s)
             if not retryable:
                 raise JudgeRequestError(
@@ -171,7 +171,13 @@ async def _request(
     )
     response = await asyncio.wait_for(call, timeout_s)
     costs.record("judge/ruler", response, model=params.get("model"))
+    if not response.choices:
+        raise EmptyReply("the judge's reply has an empty `choices` list (no answer at all)")
     return response.choices[0].message.content or ""
+
+
+class EmptyReply(Exception):
+    """A reply with no choices: the server answered 200 with nothing in it; another request may do better."""
 
 
 _RETRYABLE_STATUS = {408, 409, 429}  # and every 5xx
@@ -182,6 +188,8 @@ def _describe_failure(error: BaseException, timeout_s: float) -> tuple[str, bool
     """What went wrong in words, whether trying again may help, and the server's Retry-After in seconds."""
     if isinstance(error, (asyncio.TimeoutError, openai.APITimeoutError)):
         return f"no reply within {timeout_s:g} s (JudgeLimits.timeout_s)", True, None
+    if isinstance(error, EmptyReply):
+        return str(error), True, None
     if isinstance(error, openai.APIConnectionError):
         return f"connection failed: {_brief(error)}", True, None
     if any(sign in str(error) for sign in _NO_CREDENTIALS):

@@ -22,7 +22,8 @@ from . import costs
 from . import metrics as names
 from .config import LoRAConfig, TrainConfig
 from .ignored import report_ignored
-from .store import RunStore, check_name
+from .names import check_name
+from .store import RunStore
 from .trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:

@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any
 import pandas as pd
 
 from .atomic import append_line, publish_dir, write_atomic
+from .names import check_name
 from .trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("artnb")
@@ -52,28 +52,10 @@ log = logging.getLogger("artnb")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 COMMIT_FILE = "commit.json"
 PENDING_ROLLOUTS = "rollouts.parquet"  # in a checkpoint until its rollouts and history row are published
-_NAME = re.compile(r"^\w[\w.\- ]{0,127}$")
 
 
 class RunInUseError(RuntimeError):
     """Another process (or another backend in this one) is training this run directory."""
-
-
-def check_name(value: str, what: str = "name") -> str:
-    """`value` if it is a safe single path component for a project or model name; else a ValueError with the rule."""
-    if not isinstance(value, str) or not _NAME.match(value) or value.endswith((" ", ".")) or "@" in value:
-        raise ValueError(
-            f"{what}={value!r} is not allowed: it names a folder of the run directory, so it must be 1-128 "
-            "letters, digits, '_', '-', '.' or spaces, start with a letter, digit or '_', not end with '.' "
-            "or a space, and contain no '/', '\\' or '@' ('@' separates a model from its step in "
-            f"'name@step'). For example {_suggest(value)!r}"
-        )
-    return value
-
-
-def _suggest(value: Any) -> str:
-    text = re.sub(r"[^\w.\- ]+", "-", str(value)).strip(" .-") or "agent-001"
-    return text[:128]
 
 
 @dataclass(frozen=True)

@@ -216,8 +216,13 @@ def shared_prefix(lists: list[list[Any]]) -> int:
     return n
 
 
+# Rewards beyond this overflow on the way to the loss: a group's spread squares them (1e308 -> inf), and unscaled
+# advantages (scale_rewards=False) of that size overflow the loss in float32 (max 3.4e38).
+MAX_ABS_REWARD = 1e12
+
+
 def check_rewards(groups: Iterable[TrajectoryGroup]) -> None:
-    """Raise naming the trajectory if a reward is not a finite number."""
+    """Raise naming the trajectory if a reward is not a finite number of a size training can compare."""
     for gi, group in enumerate(groups):
         for ti, t in enumerate(group.trajectories):
             r = t.reward
@@ -225,6 +230,12 @@ def check_rewards(groups: Iterable[TrajectoryGroup]) -> None:
                 raise ValueError(
                     f"group {gi}, trajectory {ti} has reward {r!r}; rewards must be finite numbers. "
                     "Fix the rollout's reward (e.g. guard a division by zero) before training; nothing was trained."
+                )
+            if abs(r) > MAX_ABS_REWARD:
+                raise ValueError(
+                    f"group {gi}, trajectory {ti} has reward {r!r}, beyond +-{MAX_ABS_REWARD:g}: its group's "
+                    "advantages and the loss would overflow. Scale the reward down (GRPO compares rewards within a "
+                    "group, so a common factor changes nothing); nothing was trained."
                 )
 
 

@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 import torch
+import websockets
 
 import artnb
 from artnb import models
@@ -329,6 +330,15 @@ async def test_api_key_guards_every_route_but_health(engine):
     for path in ("/v1/models", "/artnb/hold", "/invocations", "/docs", "/openapi.json"):
         assert httpx.post(f"{root}{path}").status_code == 401, path
         assert httpx.post(f"{root}{path}", headers={"Authorization": "Bearer wrong"}).status_code == 401, path
+    preflight = {
+        "Origin": "http://elsewhere",
+        "Access-Control-Request-Method": "POST",
+    }  # CORS needs the key too
+    assert httpx.options(f"{root}/v1/chat/completions", headers=preflight).status_code == 401
+    with pytest.raises(websockets.InvalidStatus) as refused:  # and so does a websocket
+        async with websockets.connect(f"{root.replace('http://', 'ws://')}/v1/realtime", open_timeout=10):
+            pass
+    assert refused.value.response.status_code == 403
     assert not (await engine.stats())["held"]
     key = {"Authorization": f"Bearer {engine.api_key}"}
     for path in ("/docs", "/redoc", "/openapi.json"):  # --disable-fastapi-docs

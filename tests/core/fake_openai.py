@@ -126,6 +126,21 @@ def garbage(body: dict[str, Any]) -> Reply:
     return Reply(200, "<html><body><h1>502 Bad Gateway</h1></body></html>")
 
 
+def no_choices(body: dict[str, Any]) -> Reply:
+    """HTTP 200 with a well-formed completion whose `choices` list is empty."""
+    return Reply(
+        200,
+        {
+            "id": "chatcmpl-empty",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "judge"),
+            "choices": [],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 0, "total_tokens": 10},
+        },
+    )
+
+
 def hang(body: dict[str, Any]) -> Stall:
     return Stall("hang")
 

@@ -39,6 +39,9 @@ def test_advantages_unscaled_are_centred_rewards():
 
 def test_advantages_of_equal_rewards_are_zero():
     assert group_advantages([3, 3, 3]) == [0, 0, 0]
+    # huge rewards neither overflow nor lose their order (art.explain calls this on any rewards)
+    assert group_advantages([1e308, -1e308]) == pytest.approx([1.0, -1.0])
+    assert group_advantages([1e308, 0.0], scale_rewards=False) == pytest.approx([5e307, -5e307])
     assert group_advantages([]) == []
 
 

@@ -345,6 +345,15 @@ def test_non_finite_reward_is_rejected(tok, bad):
         tokenize_groups(tok, groups)
 
 
+@pytest.mark.parametrize("huge", [1e308, -1e13])
+def test_a_reward_too_large_to_compare_is_rejected_with_the_fix(tok, huge):
+    groups = [TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, huge)])]
+    with pytest.raises(
+        ValueError, match=r"trajectory 1 has reward .*beyond \+-1e\+12.*Scale the reward down"
+    ):
+        tokenize_groups(tok, groups)
+
+
 def test_a_bad_trajectory_anywhere_fails_the_whole_batch(tok):
     """An assistant message dict where a Choice belongs is the usual mistake: it is refused, even in a group that
     teaches nothing."""

@@ -18,8 +18,14 @@ from collections.abc import Iterable
 import httpx
 import openai
 import pytest
+import websockets
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from artnb import models
+from artnb.backends.engines.guard import RequestGuard
 from artnb.backends.engines.hf_engine import HFServer, create_app
 from artnb.backends.engines.hf_protocol import ChatRequest
 from artnb.backends.engines.process import HFEngine
@@ -206,6 +212,7 @@ async def test_every_route_but_health_needs_the_key_and_there_are_no_docs(engine
     assert {"/health", "/v1/models", "/v1/chat/completions", "/artnb/hold", "/v1/load_lora_adapter"} <= paths
     assert not paths & {"/docs", "/redoc", "/openapi.json"}
     probes = [*routes, ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"), ("GET", "/nope")]
+    probes += [("OPTIONS", "/v1/chat/completions"), ("OPTIONS", "/v1/models")]  # CORS preflights too
     async with httpx.AsyncClient(base_url=root(engine), timeout=10) as http:
         for method, path in probes:
             key = engine.api_key
@@ -217,6 +224,51 @@ async def test_every_route_but_health_needs_the_key_and_there_are_no_docs(engine
             response = await http.get(path, headers={"Authorization": f"Bearer {engine.api_key}"})
             assert response.status_code == 404, path
     assert not (await engine.stats())["held"], "a refused /artnb/hold must not hold"
+
+
+async def test_a_websocket_without_the_key_is_closed_before_it_is_accepted(engine):
+    url = root(engine).replace("http://", "ws://")
+    for path, headers in [("/v1/chat/completions", {}), ("/health", {"Authorization": "Bearer wrong"})]:
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(f"{url}{path}", additional_headers=headers, open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 403, path
+
+
+def test_the_guard_refuses_a_websocket_the_app_would_accept():
+    """An app with a websocket route (vLLM has /v1/realtime): without the key the guard closes it first."""
+
+    async def echo(socket: WebSocket) -> None:
+        await socket.accept()
+        await socket.send_text("open")
+        await socket.close()
+
+    guarded = RequestGuard(
+        Starlette(routes=[WebSocketRoute("/ws", echo)]),
+        api_key="k",
+        max_request_bytes=1024,
+        key_source="test",
+    )
+    with TestClient(guarded) as client:
+        with client.websocket_connect("/ws", headers={"Authorization": "Bearer k"}) as socket:
+            assert socket.receive_text() == "open"
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            with (
+                pytest.raises(WebSocketDisconnect) as closed,
+                client.websocket_connect("/ws", headers=headers),
+            ):
+                pass
+            assert closed.value.code == 1008
+
+
+async def test_a_path_like_adapter_name_is_refused_where_it_enters(engine, tmp_path):
+    headers = {"Authorization": f"Bearer {engine.api_key}"}
+    async with httpx.AsyncClient(base_url=root(engine), timeout=10) as http:
+        for name in ("../x", "a/b", "x@-1"):
+            body = {"lora_name": name, "lora_path": str(tmp_path)}
+            response = await http.post("/v1/load_lora_adapter", json=body, headers=headers)
+            assert response.status_code == 400, name
+            assert "is not allowed" in response.json()["error"]["message"], name
 
 
 async def test_a_request_chat_template_is_refused_unless_trusted(client, server):

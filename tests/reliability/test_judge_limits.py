@@ -25,6 +25,7 @@ from fake_openai import (  # noqa: E402
     good,
     hang,
     malformed,
+    no_choices,
     only_for,
     rate_limited,
     refused,
@@ -169,6 +170,17 @@ async def test_an_html_page_instead_of_json_is_retried_and_then_reported(judge, 
     with pytest.raises(JudgeRequestError, match="failed 2 attempts .*502 Bad Gateway"):
         await art.ruler([conversation(6)], JUDGE, params, cache_dir=cache, limits=limits)
     assert len(judge.requests) == 4
+
+
+async def test_a_reply_without_choices_is_retried_and_then_reported(judge, fresh):
+    params, cache = fresh
+    judge.script.append(no_choices)
+    scores = await art.ruler([conversation(5)], JUDGE, params, cache_dir=cache, limits=QUICK)
+    assert [s.score for s in scores] == [0.5] and len(judge.requests) == 2
+    judge.default = no_choices
+    limits = QUICK.model_copy(update={"max_attempts": 2})
+    with pytest.raises(JudgeRequestError, match="failed 2 attempts .*empty `choices` list"):
+        await art.ruler([conversation(6)], JUDGE, params, cache_dir=cache, limits=limits)
 
 
 @pytest.mark.parametrize("status", [400, 401])

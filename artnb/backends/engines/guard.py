@@ -13,7 +13,9 @@ and parse a 48 MB body. Here:
 - both refusals close the connection, since the unread body would otherwise be parsed as the next request.
 
 `RequestGuard` wraps the HF engine's whole app; vLLM's `ServerMiddleware` (vllm_engine.py) calls `refusal`
-and `BodyLimit` itself, since it also admits and rewrites requests. `/health` stays open for readiness checks.
+and `BodyLimit` itself, since it also admits and rewrites requests. Only `/health` stays open (for readiness
+checks) and the server's own lifespan events (`open_to_all`): a CORS preflight (OPTIONS) needs the key like any
+request, and a websocket without it is closed before it is accepted (`refuse_websocket`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,18 @@ ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 class BodyTooLarge(Exception):
     """Raised by `BodyLimit.receive` once the body passed the limit; the 413 has already been sent."""
+
+
+def open_to_all(scope: dict[str, Any]) -> bool:
+    """What passes without the key: the server's own lifespan events and GET-style probes of `/health`."""
+    return scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] == "/health")
+
+
+async def refuse_websocket(receive: Receive, send: Send) -> None:
+    """Close a websocket before accepting it (the client sees HTTP 403): artnb's servers take none without the
+    key, and serve none with it."""
+    await receive()  # websocket.connect
+    await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
 
 
 def header(scope: dict[str, Any], name: bytes) -> bytes:
@@ -139,9 +153,11 @@ class RequestGuard:
         self.key_source = key_source
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] == "/health":
+        if open_to_all(scope):
             return await self.app(scope, receive, send)
         refused = refusal(scope, self.api_key, self.max_request_bytes, self.key_source)
+        if scope["type"] == "websocket":
+            return await (refuse_websocket(receive, send) if refused else self.app(scope, receive, send))
         if refused is not None:
             return await send_error(send, *refused, close=True)
         limit = BodyLimit(receive, send, self.max_request_bytes)

@@ -79,6 +79,7 @@ from artnb.backends.engines.hf_protocol import (
     template_message,
 )
 from artnb.backends.engines.process import API_KEY_ENV
+from artnb.core.names import check_adapter_name
 
 T = TypeVar("T")
 
@@ -201,6 +202,10 @@ class HFServer:
         """Load (or replace) adapter `name`; return the names evicted to stay within max_loras."""
         from peft import PeftModel
 
+        try:
+            check_adapter_name(name)
+        except ValueError as error:
+            raise EngineError(400, str(error)) from None
         if name == self.served_name:
             raise EngineError(
                 400, f"adapter name {name!r} is the base model's served name: pick another name"

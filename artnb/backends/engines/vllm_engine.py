@@ -58,12 +58,15 @@ from artnb.backends.engines.guard import (
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_REQUEST_BYTES_ENV,
     BodyLimit,
+    open_to_all,
     refusal,
+    refuse_websocket,
     send_error,
     send_json,
 )
 from artnb.backends.engines.lora_merge import adapter_rank, read_adapter, write_difference_adapter
 from artnb.backends.engines.process import ServerEngine
+from artnb.core.names import check_adapter_name
 
 # vLLM accepts only these values for --max-lora-rank.
 _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -597,9 +600,11 @@ class ServerMiddleware:
         self.waiting = 0
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] == "/health" or scope["method"] == "OPTIONS":
+        if open_to_all(scope):
             return await self.app(scope, receive, send)
         refused = refusal(scope, self.api_key, self.max_request_bytes, "VLLMEngine.api_key")
+        if scope["type"] == "websocket":
+            return await (refuse_websocket(receive, send) if refused else self.app(scope, receive, send))
         if refused is not None:
             return await send_error(send, *refused, close=True)
         limit = BodyLimit(receive, send, self.max_request_bytes)
@@ -708,6 +713,11 @@ class ServerMiddleware:
 
     async def _adapter_change(self, scope: dict, receive: Any, send: Any) -> None:
         body = await _read_body(receive)
+        if scope["path"] == "/v1/load_lora_adapter":
+            try:
+                check_adapter_name(json.loads(body)["lora_name"])
+            except (ValueError, KeyError, TypeError) as error:
+                return await send_error(send, 400, f"cannot load this adapter: {error}")
         status = 0
 
         async def watch(message: dict) -> None:
