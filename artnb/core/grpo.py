@@ -37,8 +37,8 @@ def group_advantages(rewards: Sequence[float], scale_rewards: bool = True) -> li
     centred = [u - mean for u in unit]
     if not scale_rewards:
         return [c * scale for c in centred]
-    std = math.sqrt(math.fsum(c * c for c in centred) / n) * scale
-    return [c * scale / (std + 1e-6) for c in centred]
+    std = math.sqrt(math.fsum(c * c for c in centred) / n)  # in units of `scale`
+    return [c / (std + 1e-6 / scale) for c in centred]
 
 
 def balance_advantage(advantage: float, balance: float) -> float:
