@@ -14,6 +14,7 @@ load_dotenv(find_dotenv(usecwd=True))
 # module (an engine server, a worker) does not import the whole package: name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("EngineDiedError", "LocalBackend"), "backends.local"),
+    "DiskFullError": "backends.train_step",
     **dict.fromkeys(("RewardComparison", "compare_rewards"), "core.compare"),
     **dict.fromkeys(("LoRAConfig", "TrainConfig", "TrainerConfig"), "core.config"),
     **dict.fromkeys(

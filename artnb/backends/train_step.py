@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from ..core import metrics as names
+from ..core.atomic import disk_full
 from ..core.config import TrainConfig
 from ..core.ignored import warn_user
 from ..core.model import NothingToTrainError, TrainResult, summarize_groups
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
     from .local import LocalBackend, _Served
 
 log = logging.getLogger("artnb")
+
+
+class DiskFullError(OSError):
+    """The run directory's disk (or quota) filled up before a step could commit; nothing of the step was written."""
+
 
 PHASES = ("validate", "tokenise", "hold", "train", "commit", "rename", "publish", "hot-load", "release")
 
@@ -215,7 +221,17 @@ class TrainStep:
         self._enter("commit")
         metrics[names.STEP_TRAIN_S] = time.monotonic() - self.started
         row = self._history_row(metrics)
-        await self.backend._on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
+        try:
+            await self.backend._on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
+        except Exception as error:
+            if disk_full(error, served.store.dir):
+                raise DiskFullError(
+                    f"the disk of the run directory {served.store.dir} is full ({error}): step {step} was not "
+                    f"committed, and the run stays at step {step} with every committed step intact. Free some "
+                    "space there (e.g. `await model.delete_checkpoints()`), then call train again with the same "
+                    "groups"
+                ) from error
+            raise
         served.step = step + 1
         return TrainResult(
             step=step + 1, metrics=metrics, checkpoint_path=str(served.store.checkpoint_path(step + 1))
@@ -232,10 +248,11 @@ class TrainStep:
         try:
             await asyncio.to_thread(served.store.publish, served.step)
         except Exception as error:
+            full = " (the disk is full: free some space there)" if disk_full(error, served.store.dir) else ""
             self.notes.append(
                 f"artnb: step {self.step} is committed, but writing its history row and rollouts failed "
-                f"({error}); they are kept in checkpoint {served.step:04d} and written at the next step or "
-                "register"
+                f"({error}){full}; they are kept in checkpoint {served.step:04d} and written at the next step "
+                "or register"
             )
         self._enter("hot-load")
         try:

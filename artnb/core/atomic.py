@@ -6,14 +6,51 @@ Every durable write in artnb goes through here (the run directory, the judge cac
 - `publish_dir`: the same for a directory written in full first (a checkpoint): every file fsynced, then one
   rename. A directory that exists under its final name is complete.
 - `append_line`: one `write` of a whole line to an append-only file, starting a fresh line if the file's last
-  line was torn by a crash, then fsync. Readers skip a torn line (see `RunStore.history`).
+  line was torn by a crash, then fsync. Readers skip a torn line (see `RunStore.history`). A full disk can accept
+  part of a line (a short write): the file is then cut back to where it was, and the error raised.
+
+`disk_full(error)` tells a full disk (or quota) apart from other failures, whichever library raised it, so that
+callers can say so and what to do.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Libraries that wrap the OS error in their own (safetensors: "I/O error: No space left on device (os error 28)")
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def disk_full(error: BaseException, where: str | Path | None = None) -> bool:
+    """True when `error` (or an error it was raised from) says the disk or the user's quota is full, or, for
+    libraries whose write errors say nothing of it (torch.save: "iostream error"), when the disk holding
+    `where` has less than 1 MiB left after the failure."""
+    if where is not None and _free_bytes(where) < 2**20:
+        return True
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _FULL:
+            return True
+        if any(text in str(error) for text in _FULL_TEXT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _free_bytes(where: str | Path) -> int:
+    path = Path(where)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return 2**63
+    return stats.f_bavail * stats.f_frsize
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -72,8 +109,15 @@ def append_line(path: str | Path, line: str) -> None:
     try:
         size = os.fstat(fd).st_size
         torn = size > 0 and _last_byte(path, size) != b"\n"
-        os.write(fd, (("\n" if torn else "") + line + "\n").encode())  # one write: readers see all or nothing
-        os.fsync(fd)
+        data = (("\n" if torn else "") + line + "\n").encode()
+        try:
+            written = os.write(fd, data)  # one write: readers see all or nothing
+            if written < len(data):  # a nearly full disk took part of it
+                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes fit", str(path))
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, size)  # no torn line left behind: the file is as it was
+            raise
     finally:
         os.close(fd)
 

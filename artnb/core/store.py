@@ -25,6 +25,7 @@ Every file is written through `atomic.py` (temp file, fsync, rename, fsync the d
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -43,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from .atomic import append_line, publish_dir, write_atomic
+from .atomic import append_line, disk_full, publish_dir, write_atomic
 from .names import check_name
 from .trajectory import Trajectory, TrajectoryGroup
 
@@ -171,8 +172,15 @@ class RunStore:
                 shutil.rmtree(final)
             log.debug("checkpoint %s written; renaming", final, extra={"artnb_phase": "rename"})
             publish_dir(tmp, final)
-        except BaseException:
+        except BaseException as error:
+            full = isinstance(error, Exception) and disk_full(
+                error, tmp
+            )  # measured before the cleanup frees space
             shutil.rmtree(tmp, ignore_errors=True)
+            if full and not (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+                raise OSError(
+                    errno.ENOSPC, f"no space left on device for checkpoint {final.name}: {error}"
+                ) from error
             raise
         return final
 
