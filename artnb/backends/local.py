@@ -160,6 +160,9 @@ class LocalBackend:
         self.trainer_config = trainer_config or TrainerConfig()
         self.engine_options = dict(engine_options or {})
         self._served: dict[tuple[str, str], _Served] = {}
+        # One connection pool per model, shared by every client made for it (model.openai_client() makes a new
+        # client when its engine restarts, and older ones stay in users' hands): the backend owns and closes it.
+        self._transports: dict[tuple[str, str], _EngineTransport] = {}
         # All trainer work runs on one thread: glibc gives each thread its own malloc arena, and a trainer
         # hopping across the default pool's threads kept a multi-GB arena per thread (measured: OOM at 19 GB).
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="artnb-trainer")
@@ -196,6 +199,8 @@ class LocalBackend:
             self._served.pop(key, None)
             try:
                 await served.engine.stop()
+                if (transport := self._transports.pop(key, None)) is not None:
+                    await transport.close_pool()
             finally:
                 self._release(served)
                 await asyncio.to_thread(integrations.close, served.model)  # e.g. finish the W&B run
@@ -415,9 +420,11 @@ class LocalBackend:
 
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`: restarts a dead engine before the next request."""
-        return httpx.AsyncClient(
-            transport=_EngineTransport(self, model), timeout=httpx.Timeout(1200, connect=10)
-        )
+        transport = self._transports.get((model.project, model.name))
+        if transport is None:
+            transport = self._transports[(model.project, model.name)] = _EngineTransport(self, model)
+        transport.model = model  # the newest object registered under this name
+        return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(1200, connect=10))
 
     async def ensure_engine(self, model: TrainableModel) -> None:
         """Restart the model's engine if its process died, and make it serve the newest committed step."""
@@ -692,9 +699,8 @@ class _EngineTransport(httpx.AsyncBaseTransport):
     def __init__(self, backend: LocalBackend, model: TrainableModel) -> None:
         self.backend = backend
         self.model = model
-        self.inner = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        )
+        self.inner = _connection_pool()
+        self.port: int | None = None  # the engine the pool's connections lead to
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         served = self.backend._get(self.model)
@@ -702,6 +708,11 @@ class _EngineTransport(httpx.AsyncBaseTransport):
             await self.backend.ensure_engine(self.model)
         # A restarted engine has a new port and key; a client made before the restart still reaches it.
         port = httpx.URL(served.engine.base_url).port
+        if port != self.port:
+            # The pool's kept-alive connections lead to the engine that died: they never serve again, and an
+            # idle one is never noticed closed, so each restart would leave a socket open (found by the soak).
+            old, self.inner, self.port = self.inner, _connection_pool(), port
+            await old.aclose()
         if request.url.port != port:
             request.url = request.url.copy_with(port=port)
         request.headers["Authorization"] = f"Bearer {served.engine.api_key}"
@@ -716,7 +727,14 @@ class _EngineTransport(httpx.AsyncBaseTransport):
             raise
 
     async def aclose(self) -> None:
+        """A client closing leaves the pool to the backend: other clients of the same model share it."""
+
+    async def close_pool(self) -> None:
         await self.inner.aclose()
+
+
+def _connection_pool() -> httpx.AsyncHTTPTransport:
+    return httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
 
 
 def _on_cuda() -> bool:
