@@ -18,7 +18,14 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("RewardComparison", "compare_rewards"), "core.compare"),
     **dict.fromkeys(("LoRAConfig", "TrainConfig", "TrainerConfig"), "core.config"),
     **dict.fromkeys(
-        ("compare_evaluation", "evaluate", "format_comparison", "paired_difference", "summarize_evaluation"),
+        (
+            "compare_evaluation",
+            "evaluate",
+            "evaluate_greedy_and_sampled",
+            "format_comparison",
+            "paired_difference",
+            "summarize_evaluation",
+        ),
         "core.evaluate",
     ),
     **dict.fromkeys(("Interval", "bootstrap_mean"), "core.intervals"),

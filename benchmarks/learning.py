@@ -94,24 +94,13 @@ def played_task(
         )
 
     async def evaluate(model: art.TrainableModel) -> pd.DataFrame:
-        models = {"base": model.as_base_model(), "trained": model}
-        scenarios = settings.evaluation_scenarios()
-        greedy = await art.evaluate(
-            rollout, models, scenarios, temperature=0, max_concurrent=concurrency, pbar_desc="greedy games"
+        return await art.evaluate_greedy_and_sampled(
+            rollout,
+            {"base": model.as_base_model(), "trained": model},
+            settings.evaluation_scenarios(),
+            samples=samples,
+            max_concurrent=concurrency,
         )
-        tables = [greedy.assign(mode="greedy")]
-        if samples:
-            sampled = await art.evaluate(
-                rollout,
-                models,
-                scenarios,
-                temperature=1.0,
-                samples=samples,
-                max_concurrent=concurrency,
-                pbar_desc="sampled games",
-            )
-            tables.append(sampled.assign(mode="sampled"))
-        return pd.concat(tables, ignore_index=True)
 
     description = f"evaluation: {settings.eval_scenarios} held-out games, greedy"
     if samples:

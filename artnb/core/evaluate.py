@@ -88,6 +88,34 @@ async def evaluate(
     return pd.DataFrame(rows)
 
 
+async def evaluate_greedy_and_sampled(
+    rollout: Rollout,
+    models: Mapping[str, Model],
+    scenarios: Iterable[Any],
+    *,
+    samples: int = 4,
+    max_concurrent: int | None = None,
+    **rollout_kwargs: Any,
+) -> pd.DataFrame:
+    """Each model plays every scenario once greedily (temperature 0) and `samples` times sampled (temperature 1):
+    one table, its `mode` column "greedy" or "sampled" (`samples=0`: greedy only). The rollout must take
+    `temperature`.
+
+    >>> table = await art.evaluate_greedy_and_sampled(rollout, {"base": base, "trained": model}, held_out)
+    >>> for mode, games in table.groupby("mode"): print(mode, art.compare_evaluation(games, ["reward"]))
+    """
+    scenarios = list(scenarios)
+    common = {"max_concurrent": max_concurrent, **rollout_kwargs}
+    greedy = await evaluate(rollout, models, scenarios, temperature=0, pbar_desc="greedy games", **common)
+    tables = [greedy.assign(mode="greedy")]
+    if samples:
+        sampled = await evaluate(
+            rollout, models, scenarios, temperature=1.0, samples=samples, pbar_desc="sampled games", **common
+        )
+        tables.append(sampled.assign(mode="sampled"))
+    return pd.concat(tables, ignore_index=True)
+
+
 def numeric_metrics(traj: Trajectory) -> dict[str, float]:
     """A trajectory's metrics that are numbers (bools as 0/1), as floats: the columns of an evaluation table."""
     return {k: float(v) for k, v in traj.metrics.items() if isinstance(v, (int, float, bool))}
