@@ -30,7 +30,7 @@ from .local_judge import LocalJudge
 from .metrics import STEP_TRAIN_S
 from .model import Model
 from .ruler import DEFAULT_RUBRIC, ruler_score_group
-from .trajectory import Trajectory, TrajectoryGroup, dumps_json
+from .trajectory import Trajectory, TrajectoryGroup, dumps_json, reward_problem
 
 Status = Literal["ok", "warn", "fail"]
 Judge = str | Model | LocalJudge
@@ -248,15 +248,14 @@ def _rollouts(played: int, failed: Sequence[Any]) -> Check:
 def _finite_rewards(groups: Sequence[TrajectoryGroup]) -> Check:
     name = "rewards are finite numbers"
     rewards = [t.reward for g in groups for t in g.trajectories]
-    bad = [
-        r for r in rewards if not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r)
-    ]
+    bad = [(r, problem) for r in rewards if (problem := reward_problem(r)) is not None]
     if bad:
         return Check(
             name,
             "fail",
-            f"{len(bad)} of {len(rewards)} rewards are NaN, infinite or not numbers (e.g. {bad[0]!r})",
-            "return a finite reward from every rollout (e.g. 0 for a failed game); training refuses the batch",
+            f"{len(bad)} of {len(rewards)} rewards cannot train (e.g. {bad[0][0]!r}: {bad[0][1]})",
+            "return a finite reward of sensible size from every rollout (e.g. 0 for a failed game); training "
+            "refuses the batch",
         )
     return Check(name, "ok", f"range {min(rewards):.3g} to {max(rewards):.3g}, mean {_mean(rewards):.3g}")
 

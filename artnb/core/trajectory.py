@@ -221,22 +221,31 @@ def shared_prefix(lists: list[list[Any]]) -> int:
 MAX_ABS_REWARD = 1e12
 
 
+def reward_problem(reward: Any) -> str | None:
+    """Why training cannot use `reward` (not a number, NaN or infinite, too large to compare), or None."""
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
+        return "rewards must be finite numbers"
+    if abs(reward) > MAX_ABS_REWARD:
+        return f"beyond +-{MAX_ABS_REWARD:g}, its group's advantages and the loss would overflow"
+    return None
+
+
 def check_rewards(groups: Iterable[TrajectoryGroup]) -> None:
     """Raise naming the trajectory if a reward is not a finite number of a size training can compare."""
     for gi, group in enumerate(groups):
         for ti, t in enumerate(group.trajectories):
-            r = t.reward
-            if not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r):
-                raise ValueError(
-                    f"group {gi}, trajectory {ti} has reward {r!r}; rewards must be finite numbers. "
-                    "Fix the rollout's reward (e.g. guard a division by zero) before training; nothing was trained."
-                )
-            if abs(r) > MAX_ABS_REWARD:
-                raise ValueError(
-                    f"group {gi}, trajectory {ti} has reward {r!r}, beyond +-{MAX_ABS_REWARD:g}: its group's "
-                    "advantages and the loss would overflow. Scale the reward down (GRPO compares rewards within a "
-                    "group, so a common factor changes nothing); nothing was trained."
-                )
+            problem = reward_problem(t.reward)
+            if problem is None:
+                continue
+            fix = (
+                "Scale the reward down (GRPO compares rewards within a group, so a common factor changes nothing)"
+                if "beyond" in problem
+                else "Fix the rollout's reward (e.g. guard a division by zero)"
+            )
+            raise ValueError(
+                f"group {gi}, trajectory {ti} has reward {t.reward!r}; {problem}. {fix} before training; "
+                "nothing was trained."
+            )
 
 
 def dumps_json(obj: Any) -> str:

@@ -64,8 +64,13 @@ def test_most_groups_equal_is_a_warning():
 
 def test_nan_rewards_fail_naming_the_fix():
     check = checks_of(Batch([group(0, math.nan, 1)]))["rewards are finite numbers"]
-    assert check.status == "fail" and "1 of 3 rewards are NaN" in check.finding
+    assert (
+        check.status == "fail"
+        and "1 of 3 rewards cannot train (e.g. nan: rewards must be finite" in check.finding
+    )
     assert "return a finite reward" in check.advice
+    huge = checks_of(Batch([group(0, 1e15, 1)]))["rewards are finite numbers"]
+    assert huge.status == "fail" and "beyond +-1e+12" in huge.finding
 
 
 def test_repeated_and_cut_off_replies_warn():
