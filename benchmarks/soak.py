@@ -146,7 +146,8 @@ def soak(args: argparse.Namespace) -> int:
     windows: dict[int, Window] = {}
     life_start: tuple[int, int] | None = None  # (rss, fds) at the first step of the current worker
     growth_rss = growth_fd = 0
-    step_s = 3.0  # a running estimate of a step's duration, to place the kills within a step
+    step_s = 0.5  # the last undisturbed step's duration, to place the next kill within a step
+    disturbed = False  # a kill since the last step: that step's time includes a restart
     step = 0
     log = open(run_dir.parent / f"{run_dir.name}-worker.log", "w")  # noqa: SIM115 (open for the whole soak)
     worker = Worker(run_dir, base, log)
@@ -180,15 +181,15 @@ def soak(args: argparse.Namespace) -> int:
                     window.engine_kills += 1
                 except ProcessLookupError:
                     pass
-            planned = None
+            planned, disturbed = None, True
             continue
         if line.startswith("STEP "):
             _, n, rss, fds = line.split()
             step, rss, fds = int(n), int(rss), int(fds)
             now = time.monotonic()
-            if life_start is not None:  # a step after the worker's first: registration is not in it
-                step_s = 0.7 * step_s + 0.3 * (now - last)
-            last = now
+            if life_start is not None and not disturbed:
+                step_s = now - last
+            last, disturbed = now, False
             planned = planned or plan()  # a kill not yet done still happens, in the next step
             window.steps.append(step)
             window.rss.append(rss)
