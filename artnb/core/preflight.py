@@ -35,6 +35,7 @@ from .trajectory import Trajectory, TrajectoryGroup, dumps_json, reward_problem
 Status = Literal["ok", "warn", "fail"]
 Judge = str | Model | LocalJudge
 AGREEMENT_WARN = 0.3  # mean Spearman below this: the judge ranks mostly unlike the task's own reward
+AGREEMENT_MIN_GROUPS = 3  # fewer groups with a rank correlation: too few to say whether the judge agrees
 REPEATS_WARN = 0.5  # share of rollouts that repeat a sibling word for word
 CUT_WARN = 0.1  # share of replies stopped by max_tokens
 
@@ -372,6 +373,17 @@ def _judge_checks(batch: Batch) -> list[Check]:
     name = "judge agrees with your reward"
     if spearman.empty:
         checks.append(Check(name, "ok", "not measurable: your own reward is equal within every judged group"))
+    elif len(spearman) < AGREEMENT_MIN_GROUPS:
+        checks.append(
+            Check(
+                name,
+                "warn",
+                f"mean Spearman {spearman.mean():.2f} over only {len(spearman)} group(s) where your reward "
+                "differs: too few to tell",
+                f"preflight more scenarios (at least {AGREEMENT_MIN_GROUPS} groups whose own rewards differ) "
+                "before trusting the judge's scores",
+            )
+        )
     elif spearman.mean() < AGREEMENT_WARN:
         checks.append(
             Check(

@@ -173,6 +173,25 @@ async def test_a_judge_that_fails_on_one_group_warns_and_keeps_the_other(judge, 
     assert "judge" in checks["time per step of 2 groups"].finding
 
 
+def judged(*pairs: tuple[float, float]) -> art.TrajectoryGroup:
+    """A group as the judge returns it: the judge's score is the reward, the task's own in independent_reward."""
+    g = group(*(score for score, _ in pairs))
+    for t, (score, own) in zip(g.trajectories, pairs, strict=True):
+        t.metrics.update(ruler_score=score, independent_reward=own)
+    return g
+
+
+def test_judge_agreement_over_too_few_groups_is_a_warning_not_a_pass():
+    agreeing = judged((1.0, 1.0), (0.0, 0.0), (0.5, 0.5))
+    one = checks_of(Batch([agreeing], judged=[agreeing], judge_label="judge"))[
+        "judge agrees with your reward"
+    ]
+    assert one.status == "warn" and "over only 1 group(s)" in one.finding and "too few" in one.finding
+    three = [judged((1.0, 1.0), (0.0, 0.0), (0.5, 0.5)) for _ in range(3)]
+    enough = checks_of(Batch(three, judged=three, judge_label="judge"))["judge agrees with your reward"]
+    assert enough.status == "ok" and enough.finding == "mean Spearman 1.00 over 3 groups"
+
+
 async def test_groups_gathered_elsewhere_get_the_same_checks():
     report = await art.preflight_groups([group(0, 1), group(1, 1)])
     checks = {c.name: c for c in report.checks}
