@@ -147,7 +147,7 @@ def soak(args: argparse.Namespace) -> int:
     life_start: tuple[int, int] | None = None  # (rss, fds) at the first step of the current worker
     growth_rss = growth_fd = 0
     step_s = 0.5  # the last undisturbed step's duration, to place the next kill within a step
-    disturbed = False  # a kill since the last step: that step's time includes a restart
+    disturbed = True  # the coming step's time includes a start or restart (the first: registration)
     step = 0
     log = open(run_dir.parent / f"{run_dir.name}-worker.log", "w")  # noqa: SIM115 (open for the whole soak)
     worker = Worker(run_dir, base, log)
@@ -187,7 +187,7 @@ def soak(args: argparse.Namespace) -> int:
             _, n, rss, fds = line.split()
             step, rss, fds = int(n), int(rss), int(fds)
             now = time.monotonic()
-            if life_start is not None and not disturbed:
+            if not disturbed:
                 step_s = now - last
             last, disturbed = now, False
             planned = planned or plan()  # a kill not yet done still happens, in the next step
