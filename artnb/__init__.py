@@ -63,7 +63,7 @@ _ALIASES = {"LocalTrainResult": "TrainResult"}  # ART's name for what LocalBacke
 # Submodules a user reaches as attributes: artnb's own and ART's module paths (`art.utils`, `art.rewards`...).
 _MODULES = (
     "dev", "explain", "models", "tutorial", "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types",
-    "trajectories", "metrics", "integrations", "autorl",
+    "trajectories", "metrics", "integrations", "autorl", "openai",
 )  # fmt: skip
 
 __all__ = sorted({*_EXPORTS, *_ALIASES, "dev", "explain", "models", "tutorial"})

@@ -279,8 +279,8 @@ async def test_bad_requests(client):
         await chat(client, model="nope")
     with pytest.raises(openai.BadRequestError, match="temperature"):
         await chat(client, temperature=-1)
-    with pytest.raises(openai.BadRequestError, match="stream=False"):
-        await chat(client, stream=True)
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        await chat(client, model="nope", stream=True)  # refused before the stream begins, not inside it
 
 
 async def test_wrong_api_key_is_401(engine):
@@ -347,6 +347,35 @@ async def test_concurrent_requests_share_batches(engine, client):
     after = await engine.stats()
     assert after["requests"] - before["requests"] == 8 and after["rows"] - before["rows"] == 8
     assert after["batches"] - before["batches"] <= 2
+
+
+async def test_a_client_leaving_a_stream_cancels_its_row(engine, client):
+    before = await engine.stats()
+    stream = await chat(client, max_tokens=1500, extra_body={"min_tokens": 1500}, stream=True)
+    got = 0
+    async for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].model_extra["token_ids"])
+        if got == 3:
+            break
+    await stream.close()
+    for _ in range(200):
+        after = await engine.stats()
+        if after["aborted_rows"] > before["aborted_rows"]:
+            break
+        await asyncio.sleep(0.05)
+    assert after["aborted_rows"] == before["aborted_rows"] + 1 and not after["running"]
+
+
+async def test_streamed_choices_interleave_and_each_ends_once(client):
+    chunks = [c async for c in await chat(client, n=3, max_tokens=6, seed=5, stream=True)]
+    finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finishes) == [0, 1, 2]
+    assert chunks[0].model_extra["prompt_token_ids"] and "prompt_token_ids" not in (
+        chunks[1].model_extra or {}
+    )
+    joined = artnb.openai.accumulate_chunks(chunks)
+    whole = await chat(client, n=3, max_tokens=6, seed=5)
+    assert [c.message.content for c in joined.choices] == [c.message.content for c in whole.choices]
 
 
 async def test_port_in_use_is_a_clear_error(engine, tiny, tmp_path):

@@ -194,6 +194,22 @@ async def test_an_art_loop_trains_over_the_server_and_reads_the_mirror(server, t
         model=base.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
     assert reply.choices[0].message is not None
+    # streamed and legacy completions pass through the proxy as the engine sends them
+    chunks = [
+        c
+        async for c in await base.openai_client().chat.completions.create(
+            model=base.get_inference_name(),
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+        )
+    ]
+    joined = art.openai.accumulate_chunks(chunks)
+    assert len(chunks) >= 4 and len(joined.choices[0].model_extra["token_ids"]) == 4
+    text = await base.openai_client().completions.create(
+        model=base.get_inference_name(), prompt="hi", max_tokens=3
+    )
+    assert len(text.choices[0].model_extra["token_ids"]) == 3
     await backend.close()
 
 

@@ -12,6 +12,8 @@ and the engine must report the raw log-probability of every sampled token. Desig
 - Reported logprobs are the model's log-softmax at temperature 1, before the choice or grammar mask,
   temperature or top_p: that is what the trainer recomputes, and what vLLM reports by default.
 - Each row samples with its own `torch.Generator`, so a seeded request is reproducible whatever else runs.
+- A streamed row's `on_token` is called after each token it gains (and once when it finishes), so the server
+  can send tokens as they are sampled; the callback only wakes the event loop, it never blocks decoding.
 - The scheduler batches requests that arrive within a few milliseconds of each other, runs one adapter's
   rows per batch in a worker thread, and resolves model names only when a batch is formed, so a request
   queued during `hold` runs on the adapter loaded before `release`.
@@ -66,6 +68,11 @@ class Row:
     grammar: JsonConstraint | None = None  # this row's own matcher (never shared between rows)
     top_logprobs: int = 0
     min_tokens: int = 0  # EOS is masked until this many tokens were sampled (benchmarks, vLLM's min_tokens)
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token already sampled in this row
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per earlier occurrence of the token
+    on_token: Callable[[], None] | None = (
+        None  # called on the decoding thread after each token and at the end
+    )
     job: Any = None  # the scheduler's handle on the request this row belongs to
     cancelled: bool = False  # the client went away: leave the batch at the next step (finish_reason "abort")
     token_ids: list[int] = field(default_factory=list)
@@ -94,6 +101,10 @@ def _sample(
     for j, row in enumerate(rows):
         if len(row.token_ids) < row.min_tokens and row.choices is None and row.grammar is None:
             logits[j, eos_ids] = float("-inf")
+        if row.token_ids and (row.presence_penalty or row.frequency_penalty):
+            counts = torch.bincount(torch.tensor(row.token_ids), minlength=logits.shape[-1]).to(logits.device)
+            seen = counts > 0
+            logits[j] -= row.presence_penalty * seen + row.frequency_penalty * counts
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=logits.device)
     scaled = logits / temps[:, None]
     for j, row in enumerate(rows):
@@ -130,6 +141,11 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def _hit_stop(row: Row, decode: Callable[[list[int]], str], tail_tokens: int) -> bool:
     text = decode(row.token_ids[-tail_tokens:])
     return any(s in text for s in row.stop)
+
+
+def _notify(row: Row) -> None:
+    if row.on_token is not None:
+        row.on_token()
 
 
 @torch.inference_mode()
@@ -178,6 +194,7 @@ def decode_batch(
             row, token = rows[i], tokens[j]
             if row.cancelled:
                 row.finish_reason = "abort"
+                _notify(row)
                 continue
             row.token_ids.append(token)
             row.logprobs.append(lps[j])
@@ -192,6 +209,7 @@ def decode_batch(
                 row.finish_reason = "length"
             else:
                 keep.append(j)
+            _notify(row)
         if not keep:
             return
         if len(keep) < len(active):

@@ -4,9 +4,15 @@ Run it as `python -m artnb.backends.engines.hf_engine --model PATH --served-name
 `artnb.backends.engines.process.HFEngine` does that for you and keeps it tied to the notebook's lifetime.
 
 What it serves, and how it differs from OpenAI:
-- `POST /v1/chat/completions`, non-streaming. Every choice carries per-token logprobs (always, whatever the
-  request asks) and the sampled `token_ids` (the field vLLM adds with `return_token_ids`), and the response
+- `POST /v1/chat/completions` and `POST /v1/completions`, streamed (`stream=True`: server-sent events as
+  tokens are sampled, hf_streaming.py) or not. Every chat choice carries per-token logprobs (always, whatever
+  the request asks) and the sampled `token_ids` (the field vLLM adds with `return_token_ids`), and the response
   carries `prompt_token_ids`: the trainer needs exactly these tokens, not a re-tokenization of the text.
+- Tools: Hermes `<tool_call>` blocks the model writes become `tool_calls` (`tool_choice` "auto", the default
+  with tools); "none" leaves them as text; "required" or a named function constrains decoding to valid calls
+  of the allowed tools (hf_grammar.py), several when `parallel_tool_calls` is not False.
+- `presence_penalty` and `frequency_penalty` apply to sampling (not to the reported logprobs); `logit_bias`,
+  and on completions `echo`, `suffix` and `best_of`, get a 400 rather than being ignored.
 - `guided_choice` / `structured_outputs.choice` constrain the output to one of a few strings (vLLM's keys);
   `response_format` (`json_object`, `json_schema`), `structured_outputs.json` / `json_object` and `guided_json`
   constrain it to JSON (hf_grammar.py), each row with its own grammar. Regex and grammar constraints get a 400.
@@ -51,7 +57,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
@@ -61,24 +67,35 @@ from typing import Any, TypeVar
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES, ClientGone, RequestGuard, while_connected
+from artnb.backends.engines.guard import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    ClientGone,
+    RequestGuard,
+    error_body,
+    while_connected,
+)
 from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
 from artnb.backends.engines.hf_grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.hf_merge import MergedWeights, unmergeable_reason
 from artnb.backends.engines.hf_protocol import (
     ChatRequest,
+    CompletionRequest,
     EngineError,
     LoadAdapterRequest,
     StructuredOutput,
     UnloadAdapterRequest,
     error_response,
     parse_tool_calls,
+    sampling_refusals,
     structured_output,
     template_message,
+    tool_choice,
 )
+from artnb.backends.engines.hf_streaming import ChunkStream
 from artnb.backends.engines.process import API_KEY_ENV
+from artnb.backends.engines.tool_calls import call_schema
 from artnb.core.names import check_adapter_name
 
 T = TypeVar("T")
@@ -329,17 +346,8 @@ class HFServer:
             )
         return kwargs
 
-    def rows_for(
-        self, request: ChatRequest, constraint: StructuredOutput | None = None, grammar: Any = None
-    ) -> tuple[list[int], list[Row]]:
-        """Tokenize the conversation and expand the request into `n` rows; raises EngineError if invalid.
-
-        `constraint` is `structured_output(request)`; `grammar` its compiled JSON grammar, if it has one.
-        Blocking (a long prompt takes seconds), so call it on the prep thread.
-        """
-        if request.stream:
-            raise EngineError(400, "streaming is not supported by the HF engine: call with stream=False")
-        choices = constraint.choices if constraint is not None else None
+    def chat_prompt(self, request: ChatRequest) -> list[int]:
+        """The conversation rendered by the chat template and tokenized; blocking, so call it on the prep thread."""
         kwargs = self.template_kwargs(request)
         try:
             text = self.tokenizer.apply_chat_template(
@@ -351,14 +359,48 @@ class HFServer:
             )
         except Exception as error:
             raise EngineError(400, f"the chat template rejected these messages: {error}") from error
-        prompt = self.tokenizer.encode(text, add_special_tokens=False)
-        max_tokens = request.max_completion_tokens or request.max_tokens or self.context_length - len(prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def completion_prompt(self, request: CompletionRequest) -> list[int]:
+        """The prompt's token ids (given as ids, or text tokenized as vLLM does: with special tokens)."""
+        prompt = request.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # one prompt in a list (sampling_refusals refuses several)
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        if not prompt or not all(isinstance(t, int) and 0 <= t < len(self.tokenizer) for t in prompt):
+            raise EngineError(
+                400, f"prompt token ids must be a non-empty list of ids below {len(self.tokenizer)}"
+            )
+        return list(prompt)
+
+    def rows_for(
+        self,
+        request: ChatRequest | CompletionRequest,
+        constraint: StructuredOutput | None = None,
+        grammar: Any = None,
+    ) -> tuple[list[int], list[Row]]:
+        """Tokenize the prompt and expand the request into `n` rows; raises EngineError if invalid.
+
+        `constraint` is `structured_output(request)`; `grammar` the compiled grammar (JSON or forced tool
+        calls) every row follows, if any. Blocking (a long prompt takes seconds), so call it on the prep thread.
+        """
+        sampling_refusals(request)
+        if isinstance(request, ChatRequest):
+            prompt = self.chat_prompt(request)
+            max_tokens = request.max_completion_tokens or request.max_tokens
+            top_logprobs = request.top_logprobs or 0
+        else:
+            prompt = self.completion_prompt(request)
+            max_tokens, top_logprobs = request.max_tokens, request.logprobs or 0
+        max_tokens = max_tokens or self.context_length - len(prompt)
         if max_tokens < 1 or len(prompt) + max_tokens > self.context_length:
             raise EngineError(
                 400,
                 f"prompt has {len(prompt)} tokens, max_tokens {max_tokens}, context {self.context_length}: "
                 f"shorten the conversation or lower max_tokens",
             )
+        choices = constraint.choices if constraint is not None else None
         trie = None
         if choices:
             trie = ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices])
@@ -373,8 +415,10 @@ class HFServer:
                 seed=None if request.seed is None else (request.seed * 1_000_003 + i) % 2**63,
                 choices=trie,
                 grammar=JsonConstraint(grammar) if grammar is not None else None,
-                top_logprobs=request.top_logprobs or 0,
+                top_logprobs=top_logprobs,
                 min_tokens=request.min_tokens,
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
             )
             for i in range(request.n)
         ]
@@ -389,40 +433,85 @@ class HFServer:
         text = self._text(token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    def choice_json(self, index: int, row: Row, with_tools: bool) -> dict[str, Any]:
-        content_ids = [t for t in row.token_ids if t not in self.eos_ids]
-        text = self.tokenizer.decode(content_ids, skip_special_tokens=True)
+    def visible_text(self, row: Row) -> str:
+        """The row's text so far: special tokens dropped, cut at the first stop string."""
+        text = self.tokenizer.decode(
+            [t for t in row.token_ids if t not in self.eos_ids], skip_special_tokens=True
+        )
         cuts = [text.find(s) for s in row.stop if s in text]
-        if cuts:
-            text = text[: min(cuts)]
+        return text[: min(cuts)] if cuts else text
+
+    def token_logprobs(self, row: Row, start: int = 0, end: int | None = None) -> list[dict[str, Any]]:
+        """Chat logprobs of tokens `start:end` of the row (each with its requested top logprobs)."""
+        picked = zip(row.token_ids[start:end], row.logprobs[start:end], row.top[start:end], strict=True)
+        return [
+            {**self._logprob(t, lp), "top_logprobs": [self._logprob(*pair) for pair in top]}
+            for t, lp, top in picked
+        ]
+
+    def legacy_logprobs(self, row: Row, start: int, end: int | None, offset: int) -> dict[str, Any]:
+        """`/v1/completions` logprobs (tokens, token_logprobs, top_logprobs, text_offset) of tokens `start:end`."""
+        tokens = [self._text(t) for t in row.token_ids[start:end]]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": row.logprobs[start:end],
+            "top_logprobs": [{self._text(t): lp for t, lp in top} for top in row.top[start:end]],
+            "text_offset": offsets,
+        }
+
+    def choice_json(self, index: int, row: Row, with_tools: bool) -> dict[str, Any]:
+        text = self.visible_text(row)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish_reason = row.finish_reason
         if with_tools:
             calls, rest = parse_tool_calls(text)
             if calls:
-                message.update(content=rest or None, tool_calls=calls)
+                message.update(content=rest if rest.strip() else None, tool_calls=calls)
                 finish_reason = "tool_calls"
-        logprobs = [
-            {**self._logprob(t, lp), "top_logprobs": [self._logprob(*pair) for pair in top]}
-            for t, lp, top in zip(row.token_ids, row.logprobs, row.top, strict=True)
-        ]
         return {
             "index": index,
             "message": message,
             "finish_reason": finish_reason,
-            "logprobs": {"content": logprobs},
+            "logprobs": {"content": self.token_logprobs(row)},
             "token_ids": row.token_ids,
         }
 
-    def response_body(self, request: ChatRequest, served: str, prompt: list[int], rows: list[Row]) -> bytes:
-        """The chat.completion JSON; blocking (n rows of logprobs can be megabytes), so call it on the prep thread."""
+    def completion_choice_json(self, index: int, row: Row, top_logprobs: int | None) -> dict[str, Any]:
+        logprobs = None if top_logprobs is None else self.legacy_logprobs(row, 0, None, 0)
+        return {
+            "index": index,
+            "text": self.visible_text(row),
+            "finish_reason": row.finish_reason,
+            "logprobs": logprobs,
+            "token_ids": row.token_ids,
+        }
+
+    def response_body(
+        self, request: ChatRequest | CompletionRequest, served: str, prompt: list[int], rows: list[Row]
+    ) -> bytes:
+        """The response's JSON; blocking (n rows of logprobs can be megabytes), so call it on the prep thread."""
         completion_tokens = sum(len(r.token_ids) for r in rows)
+        if isinstance(request, ChatRequest):
+            with_tools = tool_choice(request).mode != "none"
+            kind, choices = (
+                "chat.completion",
+                [self.choice_json(i, r, with_tools) for i, r in enumerate(rows)],
+            )
+        else:
+            kind, choices = (
+                "text_completion",
+                [self.completion_choice_json(i, r, request.logprobs) for i, r in enumerate(rows)],
+            )
         completion = {
-            "id": f"chatcmpl-{secrets.token_hex(12)}",
-            "object": "chat.completion",
+            "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(12)}",
+            "object": kind,
             "created": int(time.time()),
             "model": served,
-            "choices": [self.choice_json(i, row, bool(request.tools)) for i, row in enumerate(rows)],
+            "choices": choices,
             "prompt_token_ids": prompt,
             "usage": {
                 "prompt_tokens": len(prompt),
@@ -437,13 +526,83 @@ class HFServer:
             self._prep, functools.partial(function, *args)
         )
 
-    async def chat(self, request: ChatRequest) -> bytes:
-        """Answer one chat request (the response's JSON); the event loop only waits, it never tokenizes."""
-        constraint = structured_output(request)
-        grammar = await asyncio.to_thread(self.compile_grammar, constraint) if constraint else None
-        prompt, rows = await self.on_prep_thread(self.rows_for, request, constraint, grammar)
+    async def prepare(self, request: ChatRequest | CompletionRequest) -> tuple[list[int], list[Row]]:
+        """Check the request, compile its grammar and build its rows (off the event loop); raises EngineError."""
+        self.resolve(request.model)  # an unknown model is a 404 now, not in the middle of a stream
+        grammar: Any = None
+        if isinstance(request, ChatRequest):
+            constraint = structured_output(request)
+            tools = tool_choice(request)
+            if tools.mode == "required" and constraint is not None:
+                raise EngineError(
+                    400, "the request forces a tool call and sets an output constraint: pass only one of them"
+                )
+            if tools.mode == "required":
+                schema = call_schema(request.tools or [], tools.names)
+                grammar = await asyncio.to_thread(self.compile_tool_grammar, schema, tools.parallel)
+            elif constraint is not None:
+                grammar = await asyncio.to_thread(self.compile_grammar, constraint)
+        else:
+            constraint = None
+        return await self.on_prep_thread(self.rows_for, request, constraint, grammar)
+
+    def compile_tool_grammar(self, schema: dict[str, Any], parallel: bool) -> Any:
+        try:
+            return self.grammars.compile_tool_calls(schema, parallel)
+        except (ValueError, RuntimeError) as error:
+            raise EngineError(400, f"{error}. Fix the tools' parameters") from error
+
+    async def answer(self, request: ChatRequest | CompletionRequest) -> bytes:
+        """Answer one request (the response's JSON); the event loop only waits, it never tokenizes."""
+        prompt, rows = await self.prepare(request)
         served = await self.scheduler.submit(request.model, rows)
         return await self.on_prep_thread(self.response_body, request, served, prompt, rows)
+
+    async def stream(
+        self, request: ChatRequest | CompletionRequest, prompt: list[int], rows: list[Row]
+    ) -> AsyncIterator[bytes]:
+        """The server-sent events of a prepared request, sent as its rows are sampled (hf_streaming.py)."""
+        chat = isinstance(request, ChatRequest)
+        chunks = ChunkStream(
+            self,
+            rows,
+            prompt,
+            chat=chat,
+            with_tools=chat and tool_choice(request).mode != "none",
+            include_usage=bool((request.stream_options or {}).get("include_usage")),
+            top_logprobs=None if chat else request.logprobs,
+        )
+        loop, woken = asyncio.get_running_loop(), asyncio.Event()
+        for row in rows:
+            row.on_token = functools.partial(loop.call_soon_threadsafe, woken.set)
+        job = asyncio.ensure_future(self.scheduler.submit(request.model, rows))
+        try:
+            while not job.done():
+                wake = asyncio.ensure_future(woken.wait())
+                await asyncio.wait({job, wake}, return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                woken.clear()
+                served = getattr(rows[0].job, "resolved", None) or request.model
+                for event in await self.on_prep_thread(chunks.advance, served):
+                    yield event
+            try:
+                served = job.result()
+            except Exception as error:  # the response has begun: report the error as OpenAI streams do
+                status, message = (
+                    (error.status, error.message)
+                    if isinstance(error, EngineError)
+                    else (500, f"the engine failed on this request: {type(error).__name__}: {error}")
+                )
+                yield b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\n"
+                return
+            for event in await self.on_prep_thread(chunks.advance, served):
+                yield event
+            for event in chunks.usage(served):
+                yield event
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not job.done():  # the client went away: its rows leave the batch at the next step
+                job.cancel()
 
 
 def create_app(
@@ -488,9 +647,21 @@ def create_app(
         ]
         return {"object": "list", "data": data}
 
+    async def respond(body: ChatRequest | CompletionRequest, request: Request) -> Response:
+        if not body.stream:
+            return Response(
+                await while_connected(request, server.answer(body)), media_type="application/json"
+            )
+        prompt, rows = await while_connected(request, server.prepare(body))
+        return StreamingResponse(server.stream(body, prompt, rows), media_type="text/event-stream")
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        return Response(await while_connected(request, server.chat(body)), media_type="application/json")
+        return await respond(body, request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await respond(body, request)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: LoadAdapterRequest) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""JSON-constrained decoding for the HF engine: `response_format` and `structured_outputs.json`, per row.
+"""Grammar-constrained decoding for the HF engine, per row: JSON (`response_format`, `structured_outputs.json`)
+and forced tool calls (`tool_choice` "required" or a named function).
 
 Why xgrammar: it is what vLLM uses for the same requests, so a schema that works on one engine works on the
 other; it runs on CPU (a C++ matcher and a CPU bitmask kernel); and it compiles a schema once for the
@@ -9,6 +10,8 @@ Design choices:
   none) share a batch without affecting each other.
 - Whitespace between JSON tokens is fixed (`any_whitespace=False`): small models otherwise loop on newlines
   and spaces until max_tokens. The output is ordinary JSON with `", "` and `": "` separators.
+- A forced tool call is constrained to Hermes blocks whose arguments follow the tool's parameter schema
+  (tool_calls.py, the same grammar the vLLM engine is given).
 - The compiler (xgrammar import, tokenizer vocabulary scan) is built on the first JSON request, not at engine
   start, and compiled grammars are cached by xgrammar, so repeating a schema costs nothing.
 """
@@ -20,6 +23,8 @@ import threading
 from typing import Any
 
 import torch
+
+from artnb.backends.engines.tool_calls import hermes_ebnf
 
 ANY_OBJECT = {"type": "object"}  # what `response_format: {"type": "json_object"}` allows
 
@@ -83,3 +88,16 @@ class GrammarCompiler:
             return compiler.compile_json_schema(json.dumps(schema or ANY_OBJECT), any_whitespace=False)
         except Exception as error:  # xgrammar raises RuntimeError/ValueError subclasses of its own
             raise ValueError(f"the JSON schema could not be compiled: {error}") from error
+
+    def compile_tool_calls(self, call_schema: dict[str, Any], parallel: bool) -> Any:
+        """A compiled grammar for one (or, if `parallel`, one or more) Hermes tool-call blocks (tool_calls.py).
+
+        Raises ValueError naming the problem when a tool's parameter schema cannot be compiled.
+        """
+        import xgrammar
+
+        ebnf = hermes_ebnf(call_schema, parallel)
+        try:
+            return self._get().compile_grammar(xgrammar.Grammar.from_ebnf(ebnf))
+        except Exception as error:
+            raise ValueError(f"the tools' parameter schemas could not be compiled: {error}") from error

@@ -1,8 +1,9 @@
 """The OpenAI wire format as the HF engine speaks it: request models, errors, messages and tool calls.
 
 Requests are validated by pydantic; unknown fields are ignored (as vLLM does), but fields whose silent
-omission would change results (streaming, structured outputs other than choice and JSON) are rejected by the
-server with a message saying what to use instead. `structured_output` reads the three spellings of a
+omission would change results (structured outputs other than choice and JSON, `logit_bias`) are rejected by the
+server with a message saying what to use instead. `tool_choice` reads what a request lets the model do with its
+tools (tool_calls.py holds the forced calls' grammar, shared with the vLLM engine). `structured_output` reads the three spellings of a
 constraint (OpenAI's `response_format`, vLLM's `structured_outputs` and `guided_choice`) into one. A
 request's own chat template (`chat_template`, or `chat_template_kwargs.chat_template`) is refused unless the
 server was started to trust them, as vLLM does. Errors use OpenAI's body `{"error": {"message", "type",
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from artnb.backends.engines.guard import error_body
+from artnb.backends.engines.tool_calls import ToolChoice, read_tool_choice
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -47,11 +49,16 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: str | dict[str, Any] | None = None  # read by tool_choice() below
+    parallel_tool_calls: bool | None = None  # None or True: a forced call may be several calls
     logprobs: bool | None = None  # accepted; logprobs are always returned
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # refused unless empty (see sampling_refusals)
     min_tokens: int = Field(0, ge=0)  # vLLM's extra parameter: no EOS before this many tokens
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None  # include_usage: a last chunk with the usage
     guided_choice: list[str] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -62,6 +69,64 @@ class ChatRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = (
         None  # passed to apply_chat_template (its `chat_template` too)
     )
+
+
+class CompletionRequest(BaseModel):
+    """`POST /v1/completions`: a prompt in (text or token ids), text out, no chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    prompt: str | list[int] | list[str] | list[list[int]]
+    n: int = Field(1, ge=1, le=256)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for this endpoint
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)  # the legacy API's top-k count
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+    min_tokens: int = Field(0, ge=0)
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+def sampling_refusals(request: ChatRequest | CompletionRequest) -> None:
+    """Raise EngineError (400) for settings the HF engine would otherwise ignore and so change results."""
+    if request.logit_bias:
+        raise EngineError(
+            400,
+            "logit_bias is not supported by the HF engine: drop it (or use vLLM, LocalBackend(engine='vllm'))",
+        )
+    if isinstance(request, CompletionRequest):
+        if request.echo:
+            raise EngineError(
+                400, "echo is not supported by the HF engine: drop it and prepend the prompt yourself"
+            )
+        if request.suffix:
+            raise EngineError(400, "suffix (insertion) is not supported by the HF engine: drop it")
+        if request.best_of is not None and request.best_of != request.n:
+            raise EngineError(
+                400, "best_of is not supported by the HF engine: use n and pick the best yourself"
+            )
+        if isinstance(request.prompt, list) and request.prompt and isinstance(request.prompt[0], (str, list)):
+            if len(request.prompt) != 1:
+                raise EngineError(
+                    400, "the HF engine takes one prompt per request: send one request per prompt"
+                )
+
+
+def tool_choice(request: ChatRequest) -> ToolChoice:
+    """The request's tool choice, checked against its tools; raises EngineError (400) naming the problem."""
+    try:
+        return read_tool_choice(request.tools, request.tool_choice, request.parallel_tool_calls)
+    except ValueError as error:
+        raise EngineError(400, str(error)) from None
 
 
 @dataclass
@@ -197,7 +262,7 @@ def parse_tool_calls(text: str) -> tuple[list[dict[str, Any]], str]:
             }
         )
     rest.append(text[end:])
-    return calls, "".join(rest).strip()
+    return calls, "".join(rest)
 
 
 def error_response(status: int, message: str) -> JSONResponse:

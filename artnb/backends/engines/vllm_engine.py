@@ -20,6 +20,8 @@ which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process
     engine after their adapter was already resolved, so they would run on the old one.)
   * the legacy `guided_choice`/`guided_json`/`guided_regex`/`guided_grammar` fields, which vLLM 0.32 ignores
     (unconstrained output, HTTP 200), become `structured_outputs`;
+  * a forced tool call (`tool_choice` "required" or named) is decoded under the grammar the HF engine uses
+    (tool_calls.py), since vLLM's own leaves the arguments unchecked, and parsed by the hermes parser;
   * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes),
     and bodies over `max_request_bytes` get 413, both before the body is read (guard.py, shared with the HF
     engine). `--disable-fastapi-docs` removes /docs, /redoc and /openapi.json.
@@ -66,6 +68,7 @@ from artnb.backends.engines.guard import (
 )
 from artnb.backends.engines.lora_merge import adapter_rank, read_adapter, write_difference_adapter
 from artnb.backends.engines.process import ServerEngine
+from artnb.backends.engines.tool_calls import forced_grammar
 from artnb.core.names import check_adapter_name
 
 # vLLM accepts only these values for --max-lora-rank.
@@ -598,6 +601,9 @@ class ServerMiddleware:
         self.idle.set()
         self.running = 0
         self.waiting = 0
+        self.hermes = (
+            _last_value(sys.argv, "--tool-call-parser") == "hermes"
+        )  # parses what forced calls write
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if open_to_all(scope):
@@ -673,6 +679,9 @@ class ServerMiddleware:
         if path == "/v1/chat/completions":
             request["logprobs"] = True
             request.setdefault("return_token_ids", True)
+            grammar = forced_grammar(request) if self.hermes else None
+            if grammar is not None:  # tool_calls.py: vLLM's own forced calls leave the arguments free
+                request.update(tool_choice="auto", structured_outputs={"grammar": grammar})
         elif path == "/v1/completions":
             request["logprobs"] = request.get("logprobs") or 0
             request.setdefault("return_token_ids", True)
@@ -785,6 +794,13 @@ class _ResponseEdit:
                 except ValueError:
                     pass
         return b"\n".join(lines)
+
+
+def _last_value(argv: list[str], flag: str) -> str | None:
+    """The value the command line gives `flag` (argparse keeps the last one), or None."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+    values += [arg.split("=", 1)[1] for arg in argv if arg.startswith(flag + "=")]
+    return values[-1] if values else None
 
 
 def _rename_model(response: Any, served: str, policy: str) -> Any:
