@@ -114,7 +114,11 @@ def forced_grammar(request: dict[str, Any]) -> str | None:
     Requests that also set an output constraint, or whose tools or tool choice are malformed, get None: the
     engine answers them itself.
     """
-    if request.get("response_format") or request.get("structured_outputs"):
+    constraints = ("structured_outputs", "guided_choice", "guided_json", "guided_regex", "guided_grammar")
+    response_format = request.get("response_format")
+    if any(request.get(k) is not None for k in constraints) or (
+        isinstance(response_format, dict) and response_format.get("type", "text") != "text"
+    ):
         return None
     try:
         choice = read_tool_choice(
