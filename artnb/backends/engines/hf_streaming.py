@@ -67,7 +67,8 @@ def held_back(text: str, stops: list[str], hold: list[str]) -> str:
 
 
 class ChunkStream:
-    """Turns rows that are being sampled into SSE events; `advance()` for new tokens, `finish()` at the end."""
+    """Turns rows that are being sampled into SSE events: `advance()` after new tokens (a finished row gets its
+    last chunks), `usage()` once all rows finished."""
 
     def __init__(
         self,
