@@ -11,6 +11,16 @@ import re
 from typing import Any
 
 _NAME = re.compile(r"^\w[\w.\- ]{0,127}$")
+_ART_STEP = re.compile(r"^(?P<name>.+):step(?P<step>\d+)$")
+
+
+def from_art_step(model: str) -> str:
+    """`agent@3` for ART's serverless spelling `agent:step3`; any other name unchanged.
+
+    No model name contains ':' (check_name), so the spelling cannot be mistaken for a name of its own.
+    """
+    match = _ART_STEP.match(model) if isinstance(model, str) else None
+    return f"{match['name']}@{int(match['step'])}" if match else model
 
 
 def check_name(value: str, what: str = "name") -> str:

@@ -304,6 +304,8 @@ async def test_adapters_load_resolve_latest_and_evict(engine, client, adapters):
         await chat(client, model="agent@2", temperature=0),
     )
     assert latest.model == "agent@2" and latest.choices[0].token_ids == explicit.choices[0].token_ids
+    art_spelling = await chat(client, model="agent:step1", temperature=0)  # ART's serverless name for agent@1
+    assert art_spelling.model == "agent@1" and art_spelling.choices[0].token_ids == tuned.choices[0].token_ids
     assert {m.id for m in (await client.models.list()).data} == {"base", "agent@1", "agent@2"}
     with pytest.raises(RuntimeError, match="adapter_config.json"):
         await engine.load_adapter("agent@9", "/nonexistent")

@@ -175,6 +175,9 @@ async def test_adapters_resolve_to_latest_and_old_ones_are_unloaded(engine, clie
     )
     assert latest.model == "agent@2"
     assert latest.choices[0].model_extra["token_ids"] == explicit.choices[0].model_extra["token_ids"]
+    art_spelling = await chat(client, model="agent:step2", temperature=0)  # ART's serverless name for agent@2
+    assert art_spelling.model == "agent@2"
+    assert art_spelling.choices[0].model_extra["token_ids"] == explicit.choices[0].model_extra["token_ids"]
     await engine.load_adapter("agent@3", str(adapters[2]))  # max_loras=2: agent@1 goes
     assert list(engine.adapters) == ["agent@2", "agent@3"]
     assert {m.id for m in (await client.models.list()).data} == {"base", "agent@2", "agent@3"}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from artnb.core.names import check_adapter_name, check_name
+from artnb.core.names import check_adapter_name, check_name, from_art_step
 
 
 @pytest.mark.parametrize("name", ["agent", "agent@3", "agent-001@12", "my agent.v2@0", "_x"])
@@ -20,3 +20,11 @@ def test_run_names_refuse_what_would_leave_the_run_directory():
     with pytest.raises(ValueError, match=r"name='\.\./x' is not allowed.*For example 'x'"):
         check_name("../x")
     assert check_name("agent-001") == "agent-001"
+
+
+def test_arts_serverless_step_spelling_names_the_same_adapter():
+    assert (
+        from_art_step("agent:step3") == "agent@3" and from_art_step("my agent.v2:step012") == "my agent.v2@12"
+    )
+    for unchanged in ("agent", "agent@3", "agent:stepx", "agent:step", ":step3x"):
+        assert from_art_step(unchanged) == unchanged

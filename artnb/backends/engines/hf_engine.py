@@ -96,7 +96,7 @@ from artnb.backends.engines.hf_protocol import (
 from artnb.backends.engines.hf_streaming import ChunkStream
 from artnb.backends.engines.process import API_KEY_ENV
 from artnb.backends.engines.tool_calls import call_schema
-from artnb.core.names import check_adapter_name
+from artnb.core.names import check_adapter_name, from_art_step
 
 T = TypeVar("T")
 
@@ -167,7 +167,9 @@ class HFServer:
         return [self.served_name, *self.adapters]
 
     def resolve(self, name: str) -> str:
-        """The served name for a requested one: the base, an exact adapter, or the latest `name@N`."""
+        """The served name for a requested one: the base, an exact adapter (`name@N`, or ART's `name:stepN`),
+        or the latest `name@N`."""
+        name = from_art_step(name)
         if name == self.served_name or name in self.adapters:
             return name
         versions = [

@@ -69,7 +69,7 @@ from artnb.backends.engines.guard import (
 from artnb.backends.engines.lora_merge import adapter_rank, read_adapter, write_difference_adapter
 from artnb.backends.engines.process import ServerEngine
 from artnb.backends.engines.tool_calls import forced_grammar
-from artnb.core.names import check_adapter_name
+from artnb.core.names import check_adapter_name, from_art_step
 
 # vLLM accepts only these values for --max-lora-rank.
 _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -697,7 +697,9 @@ class ServerMiddleware:
         return json.dumps(request).encode(), renamed
 
     def resolve(self, name: str) -> str:
-        """`name` itself if loaded (or the base model), else the newest loaded `name@N`."""
+        """`name` itself if loaded (or the base model; ART's `name:stepN` means `name@N`), else the newest
+        loaded `name@N`."""
+        name = from_art_step(name)
         loaded = self.adapters | ({self.merged} if self.merged else set())
         if name in loaded:
             return name
