@@ -61,6 +61,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int]):
         self._tokenizer, self._vocab_size, self._stop_ids = tokenizer, vocab_size, stop_ids
         self._compiler: Any = None
+        self._tool_grammars: dict[str, Any] = {}  # forced-call grammars by their EBNF text, oldest first
         self._lock = threading.Lock()
 
     def _get(self) -> Any:
@@ -97,7 +98,13 @@ class GrammarCompiler:
         import xgrammar
 
         ebnf = hermes_ebnf(call_schema, parallel)
+        if ebnf in self._tool_grammars:  # an agent forces the same tools request after request
+            return self._tool_grammars[ebnf]
         try:
-            return self._get().compile_grammar(xgrammar.Grammar.from_ebnf(ebnf))
+            compiled = self._get().compile_grammar(xgrammar.Grammar.from_ebnf(ebnf))
         except Exception as error:
             raise ValueError(f"the tools' parameter schemas could not be compiled: {error}") from error
+        if len(self._tool_grammars) >= 64:
+            self._tool_grammars.pop(next(iter(self._tool_grammars)))
+        self._tool_grammars[ebnf] = compiled
+        return compiled

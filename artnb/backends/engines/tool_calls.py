@@ -12,6 +12,7 @@ it with xgrammar (hf_grammar.py); the vLLM middleware passes it as `structured_o
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -97,10 +98,17 @@ def hermes_ebnf(schema: dict[str, Any], parallel: bool) -> str:
 
     Raises ValueError when xgrammar cannot turn the schema into a grammar.
     """
+    return _hermes_ebnf(
+        json.dumps(schema), parallel
+    )  # key order kept: it is the order the JSON is written in
+
+
+@functools.lru_cache(maxsize=64)  # an agent forces the same tools request after request
+def _hermes_ebnf(schema_json: str, parallel: bool) -> str:
     import xgrammar
 
     try:
-        call = str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+        call = str(xgrammar.Grammar.from_json_schema(schema_json, any_whitespace=False))
     except Exception as error:  # xgrammar raises its own RuntimeError/ValueError subclasses
         raise ValueError(f"the tools' parameter schemas could not be compiled: {error}") from error
     block = '"<tool_call>\\n" call "\\n</tool_call>"'
