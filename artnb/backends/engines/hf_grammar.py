@@ -10,20 +10,22 @@ Design choices:
   none) share a batch without affecting each other.
 - Whitespace between JSON tokens is fixed (`any_whitespace=False`): small models otherwise loop on newlines
   and spaces until max_tokens. The output is ordinary JSON with `", "` and `": "` separators.
+- Schemas are compiled from json_grammar.py's EBNF, which repairs xgrammar's length-bounded strings (they admit
+  raw control characters, so the output would not be JSON).
 - A forced tool call is constrained to Hermes blocks whose arguments follow the tool's parameter schema
   (tool_calls.py, the same grammar the vLLM engine is given).
 - The compiler (xgrammar import, tokenizer vocabulary scan) is built on the first JSON request, not at engine
-  start, and compiled grammars are cached by xgrammar, so repeating a schema costs nothing.
+  start, and compiled grammars are kept by their EBNF text, so repeating a schema costs nothing.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
 import torch
 
+from artnb.backends.engines.json_grammar import json_schema_ebnf
 from artnb.backends.engines.tool_calls import hermes_ebnf
 
 ANY_OBJECT = {"type": "object"}  # what `response_format: {"type": "json_object"}` allows
@@ -61,7 +63,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int]):
         self._tokenizer, self._vocab_size, self._stop_ids = tokenizer, vocab_size, stop_ids
         self._compiler: Any = None
-        self._tool_grammars: dict[str, Any] = {}  # forced-call grammars by their EBNF text, oldest first
+        self._compiled: dict[str, Any] = {}  # compiled grammars by their EBNF text, oldest first
         self._lock = threading.Lock()
 
     def _get(self) -> Any:
@@ -84,27 +86,27 @@ class GrammarCompiler:
 
         Raises ValueError naming the problem when xgrammar cannot compile the schema.
         """
-        compiler = self._get()
-        try:
-            return compiler.compile_json_schema(json.dumps(schema or ANY_OBJECT), any_whitespace=False)
-        except Exception as error:  # xgrammar raises RuntimeError/ValueError subclasses of its own
-            raise ValueError(f"the JSON schema could not be compiled: {error}") from error
+        return self._compile(json_schema_ebnf(schema or ANY_OBJECT), "the JSON schema")
 
     def compile_tool_calls(self, call_schema: dict[str, Any], parallel: bool) -> Any:
         """A compiled grammar for one (or, if `parallel`, one or more) Hermes tool-call blocks (tool_calls.py).
 
         Raises ValueError naming the problem when a tool's parameter schema cannot be compiled.
         """
+        return self._compile(hermes_ebnf(call_schema, parallel), "the tools' parameter schemas")
+
+    def _compile(self, ebnf: str, what: str) -> Any:
+        compiled = self._compiled.get(ebnf)  # an agent sends the same schema or tools request after request
+        if compiled is not None:
+            return compiled
         import xgrammar
 
-        ebnf = hermes_ebnf(call_schema, parallel)
-        if ebnf in self._tool_grammars:  # an agent forces the same tools request after request
-            return self._tool_grammars[ebnf]
         try:
             compiled = self._get().compile_grammar(xgrammar.Grammar.from_ebnf(ebnf))
-        except Exception as error:
-            raise ValueError(f"the tools' parameter schemas could not be compiled: {error}") from error
-        if len(self._tool_grammars) >= 64:
-            self._tool_grammars.pop(next(iter(self._tool_grammars)))
-        self._tool_grammars[ebnf] = compiled
+        except Exception as error:  # xgrammar raises RuntimeError/ValueError subclasses of its own
+            raise ValueError(f"{what} could not be compiled: {error}") from error
+        with self._lock:
+            if len(self._compiled) >= 64:
+                self._compiled.pop(next(iter(self._compiled)))
+            self._compiled[ebnf] = compiled
         return compiled

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from artnb.backends.engines.json_grammar import json_schema_ebnf
+
 _ROOT = re.compile(r"\broot\b")  # the JSON grammar's start rule ("root_prop_0" and the like do not match)
 
 
@@ -105,12 +107,7 @@ def hermes_ebnf(schema: dict[str, Any], parallel: bool) -> str:
 
 @functools.lru_cache(maxsize=64)  # an agent forces the same tools request after request
 def _hermes_ebnf(schema_json: str, parallel: bool) -> str:
-    import xgrammar
-
-    try:
-        call = str(xgrammar.Grammar.from_json_schema(schema_json, any_whitespace=False))
-    except Exception as error:  # xgrammar raises its own RuntimeError/ValueError subclasses
-        raise ValueError(f"the tools' parameter schemas could not be compiled: {error}") from error
+    call = json_schema_ebnf(json.loads(schema_json), what="the tools' parameter schemas")
     block = '"<tool_call>\\n" call "\\n</tool_call>"'
     more = f' ("\\n" {block})*' if parallel else ""
     return f"root ::= {block}{more}\n" + _ROOT.sub("call", call)

@@ -20,6 +20,8 @@ which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process
     engine after their adapter was already resolved, so they would run on the old one.)
   * the legacy `guided_choice`/`guided_json`/`guided_regex`/`guided_grammar` fields, which vLLM 0.32 ignores
     (unconstrained output, HTTP 200), become `structured_outputs`;
+  * a JSON schema with a length-bounded string is decoded under json_grammar.py's repaired grammar (xgrammar's
+    own admits raw control characters there, so the output is not JSON); other schemas go to vLLM unchanged;
   * a forced tool call (`tool_choice` "required" or named) is decoded under the grammar the HF engine uses
     (tool_calls.py), since vLLM's own leaves the arguments unchecked, and parsed by the hermes parser;
   * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes),
@@ -66,6 +68,7 @@ from artnb.backends.engines.guard import (
     send_error,
     send_json,
 )
+from artnb.backends.engines.json_grammar import repair_json_request
 from artnb.backends.engines.lora_merge import adapter_rank, read_adapter, write_difference_adapter
 from artnb.backends.engines.process import ServerEngine
 from artnb.backends.engines.tool_calls import forced_grammar
@@ -694,6 +697,7 @@ class ServerMiddleware:
         legacy = {_GUIDED_FIELDS[k]: request.pop(k) for k in list(request) if k in _GUIDED_FIELDS}
         if legacy and not request.get("structured_outputs"):
             request["structured_outputs"] = legacy
+        repair_json_request(request)  # json_grammar.py: xgrammar's length-bounded strings admit non-JSON
         return json.dumps(request).encode(), renamed
 
     def resolve(self, name: str) -> str:
