@@ -15,6 +15,20 @@ load_dotenv(find_dotenv(usecwd=True))
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("EngineDiedError", "LocalBackend"), "backends.local"),
     "DiskFullError": "backends.train_step",
+    **dict.fromkeys(
+        (
+            "auto_trajectory",
+            "capture_auto_trajectory",
+            "capture_yielded_trajectory",
+            "current_trajectory",
+            "current_trajectory_group",
+            "no_capture",
+            "trajectory",
+            "trajectory_group",
+            "yield_trajectory",
+        ),
+        "core.capture",
+    ),
     **dict.fromkeys(("RewardComparison", "compare_rewards"), "core.compare"),
     **dict.fromkeys(("LoRAConfig", "TrainConfig", "TrainerConfig"), "core.config"),
     **dict.fromkeys(

@@ -160,6 +160,8 @@ async def _request(
     server does (httpx's timeout only bounds each read, so a server that trickles bytes would outlast it)."""
     import litellm
 
+    from .capture import no_capture
+
     call = litellm.acompletion(
         messages=messages,
         response_format=response_format,
@@ -169,7 +171,8 @@ async def _request(
         num_retries=0,  # litellm's own retry loop around the call
         max_retries=0,  # the OpenAI client's retries inside it (2 by default)
     )
-    response = await asyncio.wait_for(call, timeout_s)
+    with no_capture():  # a judge's reply is not the policy's turn, even when a rollout asks for it
+        response = await asyncio.wait_for(call, timeout_s)
     costs.record("judge/ruler", response, model=params.get("model"))
     if not response.choices:
         raise EmptyReply("the judge's reply has an empty `choices` list (no answer at all)")

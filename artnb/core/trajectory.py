@@ -79,6 +79,17 @@ class Trajectory(History):
     def log(self, message: str) -> None:
         self.logs.append(message)
 
+    def __enter__(self) -> Trajectory:
+        """`with art.Trajectory() as t:` records the chat completions made inside into `t` (capture.py)."""
+        from .capture import enter_trajectory
+
+        return enter_trajectory(self)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        from .capture import exit_trajectory
+
+        exit_trajectory(self)
+
     def finish(self) -> Trajectory:
         self.metrics["duration"] = time.monotonic() - self.start_time
         return self
@@ -181,6 +192,17 @@ class TrajectoryGroup(BaseModel):
 
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    def __enter__(self) -> TrajectoryGroup:
+        """`with art.TrajectoryGroup() as group:` collects each trajectory captured inside (capture.py)."""
+        from .capture import enter_group
+
+        return enter_group(self)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        from .capture import exit_group
+
+        exit_group(self)
 
 
 def _as_record(error: Any) -> ExceptionRecord:

@@ -1,0 +1,227 @@
+"""Captured trajectories: the chat completions a rollout makes inside a scope are recorded into its Trajectory.
+
+Why: an agent written with the OpenAI SDK, LangChain or litellm keeps its own message lists; copying each request
+and each `choices[0]` into `messages_and_choices` by hand repeats that bookkeeping, and a turn left out is a turn
+never trained. Inside `await art.trajectory(rollout(...))` (or `with art.Trajectory() as t:`), every chat
+completion sent over httpx is recorded (http_capture.py): the request's messages and tools as context, the
+response's first choice as a trainable turn, engine token ids included, so the trainer trains exactly the
+sampled tokens. The rollout sets the reward on `art.current_trajectory()`, or returns it.
+
+Where a call goes: into the main history when that history is a prefix of the request's messages (an agent loop
+resending its conversation), else into the additional history it continues, else a new additional history (a
+sub-agent, a summarised context). Scopes live in contextvars, so concurrent rollouts never see each other's calls;
+calls outside a scope, or inside `art.no_capture()`, are not touched. artnb's own judge requests are not captured.
+
+ART's spellings: `trajectory`, `trajectory_group`, `current_trajectory`, `current_trajectory_group`, the
+deprecated `auto_trajectory` / `capture_auto_trajectory`, and `yield_trajectory` / `capture_yielded_trajectory`.
+Unlike ART, a rollout may return its reward (a number) or a Trajectory it built itself (a classic rollout wrapped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import warnings
+from collections.abc import Coroutine, Iterable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+
+from .trajectory import History, Message, Trajectory, TrajectoryGroup
+
+_trajectories: ContextVar[tuple[Trajectory, ...]] = ContextVar("artnb_trajectories", default=())
+_groups: ContextVar[tuple[TrajectoryGroup, ...]] = ContextVar("artnb_trajectory_groups", default=())
+_paused: ContextVar[bool] = ContextVar("artnb_capture_paused", default=False)
+_yielded: ContextVar[list[Trajectory] | None] = ContextVar("artnb_yielded_trajectory", default=None)
+
+
+def current_trajectory(*, required: bool = False) -> Trajectory | None:
+    """The trajectory the innermost capture scope records into (None outside one, unless `required`)."""
+    scopes = _trajectories.get()
+    if scopes:
+        return scopes[-1]
+    if required:
+        raise RuntimeError(
+            "no trajectory is being captured here: run the rollout as `await art.trajectory(rollout(...))` or "
+            "inside `with art.Trajectory() as trajectory:`"
+        )
+    return None
+
+
+def current_trajectory_group(*, required: bool = False) -> TrajectoryGroup | None:
+    """The group of the innermost `with art.TrajectoryGroup() as group:` block (None outside one)."""
+    groups = _groups.get()
+    if groups:
+        return groups[-1]
+    if required:
+        raise RuntimeError("no trajectory group is open here: use `with art.TrajectoryGroup() as group:`")
+    return None
+
+
+def enter_trajectory(trajectory: Trajectory) -> Trajectory:
+    from . import http_capture
+
+    http_capture.install()
+    _trajectories.set((*_trajectories.get(), trajectory))
+    return trajectory
+
+
+def exit_trajectory(trajectory: Trajectory) -> None:
+    scopes = _trajectories.get()
+    if not scopes or scopes[-1] is not trajectory:
+        raise RuntimeError("capture scopes must close in the order they opened (innermost first)")
+    _trajectories.set(scopes[:-1])
+    trajectory.finish()
+    group = current_trajectory_group()
+    if group is not None and all(t is not trajectory for t in group.trajectories):
+        group.trajectories.append(trajectory)
+
+
+def enter_group(group: TrajectoryGroup) -> TrajectoryGroup:
+    _groups.set((*_groups.get(), group))
+    return group
+
+
+def exit_group(group: TrajectoryGroup) -> None:
+    groups = _groups.get()
+    if not groups or groups[-1] is not group:
+        raise RuntimeError("trajectory group blocks must close in the order they opened (innermost first)")
+    _groups.set(groups[:-1])
+
+
+@contextlib.contextmanager
+def no_capture() -> Iterator[None]:
+    """Calls made inside are not recorded (a judge, a tool that calls an LLM of its own)."""
+    token = _paused.set(True)
+    try:
+        yield
+    finally:
+        _paused.reset(token)
+
+
+def capturing() -> Trajectory | None:
+    """The trajectory a call made now should be recorded into, if any."""
+    return None if _paused.get() else current_trajectory()
+
+
+def _check_coroutine(value: Any, name: str) -> None:
+    if not inspect.iscoroutine(value):
+        raise TypeError(
+            f"{name} takes a coroutine, got {type(value).__name__}: pass the rollout's call without awaiting it, "
+            f"e.g. `await {name}(rollout(model, scenario))`"
+        )
+
+
+async def trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
+    """Run `coroutine` and return the Trajectory of the chat completions it made.
+
+    If the rollout returns a number, it is the reward; if it returns a Trajectory, that one is the result.
+    """
+    _check_coroutine(coroutine, "art.trajectory")
+    with Trajectory() as captured:
+        result = await coroutine
+    if isinstance(result, Trajectory):
+        return result
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        captured.reward = float(result)
+    return captured
+
+
+async def trajectory_group(
+    rollouts: Iterable[Coroutine[Any, Any, Any]], *, return_exceptions: bool = False, **group_fields: Any
+) -> TrajectoryGroup:
+    """Run rollouts concurrently, each captured as by `trajectory`, and return their group.
+
+    With `return_exceptions=True` a failed rollout is kept in `group.exceptions` instead of raising.
+    """
+    coroutines = list(rollouts)
+    for coroutine in coroutines:
+        _check_coroutine(coroutine, "art.trajectory_group")
+    results = await asyncio.gather(*(trajectory(c) for c in coroutines), return_exceptions=return_exceptions)
+    return TrajectoryGroup(results, **group_fields)
+
+
+def yield_trajectory(value: Trajectory) -> None:
+    """Hand `value` to the enclosing `capture_yielded_trajectory` (from code that cannot return it)."""
+    slot = _yielded.get()
+    if slot is None:
+        raise RuntimeError("yield_trajectory is called outside `await art.capture_yielded_trajectory(...)`")
+    slot.append(value)
+
+
+async def capture_yielded_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
+    """Run `coroutine` and return the last Trajectory it passed to `yield_trajectory`."""
+    _check_coroutine(coroutine, "art.capture_yielded_trajectory")
+    slot: list[Trajectory] = []
+    token = _yielded.set(slot)
+    try:
+        await coroutine
+    finally:
+        _yielded.reset(token)
+    if not slot:
+        raise RuntimeError("the coroutine finished without calling art.yield_trajectory(trajectory)")
+    return slot[-1]
+
+
+def auto_trajectory(*, required: bool = False) -> Trajectory | None:
+    """Deprecated (ART 0.4): use `current_trajectory()`."""
+    warnings.warn(
+        "auto_trajectory() is deprecated: use art.current_trajectory()", DeprecationWarning, stacklevel=2
+    )
+    return current_trajectory(required=required)
+
+
+async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
+    """Deprecated (ART 0.4): use `await art.trajectory(coroutine)`."""
+    warnings.warn(
+        "capture_auto_trajectory() is deprecated: use art.trajectory()", DeprecationWarning, stacklevel=2
+    )
+    return await trajectory(coroutine)
+
+
+# Recording --------------------------------------------------------------------------------------------------
+
+
+def record_chat(trajectory: Trajectory, request: dict[str, Any], completion: dict[str, Any]) -> None:
+    """Add one chat exchange (the request's JSON, the response's JSON) to `trajectory`."""
+    choices = completion.get("choices") or []
+    messages = request.get("messages")
+    if not choices or not isinstance(messages, list):
+        return
+    choice = Choice.model_validate(choices[0])
+    tools = request.get("tools")
+    for history in trajectory.histories():
+        done = history.messages()
+        if (history is trajectory and not done) or _continues(done, messages):
+            if history.tools is None and tools:
+                history.tools = tools
+            history.messages_and_choices.extend([*messages[len(done) :], choice])
+            return
+    trajectory.additional_histories.append(History(messages_and_choices=[*messages, choice], tools=tools))
+
+
+def _continues(done: list[Message], messages: list[Any]) -> bool:
+    return 0 < len(done) <= len(messages) and all(
+        _key(a) == _key(b) for a, b in zip(done, messages, strict=False)
+    )
+
+
+def _key(message: Any) -> tuple[Any, ...]:
+    """What must match for a sent message to be the one recorded: role, text and tool calls (ids and
+    whitespace in arguments may be rewritten by the agent framework)."""
+    if not isinstance(message, dict):
+        return (message,)
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: keep their text
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        with contextlib.suppress(TypeError, ValueError):
+            arguments = json.loads(arguments)
+        calls.append((function.get("name"), json.dumps(arguments, sort_keys=True)))
+    return (message.get("role"), content or "", calls)
