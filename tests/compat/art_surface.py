@@ -53,6 +53,13 @@ SURFACE: list[tuple[str, str, str, str]] = [
         "learning_rate (a value or one per batch), batch_size, assistant_turns",
     ),
     # module paths
+    (
+        "artnb.langgraph",
+        "init_chat_model",
+        "mapped",
+        "a plain ChatOpenAI on the policy; calls captured over HTTP",
+    ),
+    ("artnb.langgraph", "wrap_rollout", "mapped", "trains the sampled token ids, not re-tokenised messages"),
     ("artnb.local", "LocalBackend", "same", ""),
     ("artnb.local.backend", "LocalBackend", "same", ""),
     ("artnb.serverless", "ServerlessBackend", "mapped", ""),
