@@ -69,14 +69,15 @@ def enter_trajectory(trajectory: Trajectory) -> Trajectory:
     return trajectory
 
 
-def exit_trajectory(trajectory: Trajectory) -> None:
+def exit_trajectory(trajectory: Trajectory, failed: bool = False) -> None:
+    """Close the innermost scope; a trajectory that ended normally joins the open group, if any."""
     scopes = _trajectories.get()
     if not scopes or scopes[-1] is not trajectory:
         raise RuntimeError("capture scopes must close in the order they opened (innermost first)")
     _trajectories.set(scopes[:-1])
     trajectory.finish()
     group = current_trajectory_group()
-    if group is not None and all(t is not trajectory for t in group.trajectories):
+    if group is not None and not failed and all(t is not trajectory for t in group.trajectories):
         group.trajectories.append(trajectory)
 
 
@@ -124,6 +125,8 @@ async def trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
     with Trajectory() as captured:
         result = await coroutine
     if isinstance(result, Trajectory):
+        if (group := current_trajectory_group()) is not None:  # the rollout's own trajectory stands for it
+            group.trajectories = [result if t is captured else t for t in group.trajectories]
         return result
     if isinstance(result, (int, float)) and not isinstance(result, bool):
         captured.reward = float(result)

@@ -88,7 +88,7 @@ class Trajectory(History):
     def __exit__(self, *exc_info: Any) -> None:
         from .capture import exit_trajectory
 
-        exit_trajectory(self)
+        exit_trajectory(self, failed=exc_info[0] is not None)
 
     def finish(self) -> Trajectory:
         self.metrics["duration"] = time.monotonic() - self.start_time

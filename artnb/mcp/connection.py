@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -109,6 +108,9 @@ async def connect(
 ) -> AsyncIterator[MCPConnection]:
     """Start `command args...` as an MCP server over stdio, initialise it and list its tools.
 
+    env: variables for the server on top of the SDK's default environment (PATH, HOME, ...); the notebook's own
+    variables (API keys) are not passed on unless given here.
+
     >>> async with art.mcp.connect(sys.executable, ["-m", "artnb.mcp.notes_server", "--db", "notes.db"]) as server:
     ...     result = await server.call_tool("search_notes", {"query": "milk"})
     """
@@ -117,8 +119,10 @@ async def connect(
         from mcp.client.stdio import stdio_client
     except ImportError as error:
         raise ImportError("art.mcp needs the MCP SDK: pip install 'artnb[mcp]'") from error
+    # The SDK's default environment (PATH, HOME, ...) plus `env`: a third-party server does not get the notebook's
+    # API keys unless they are passed here.
     params = StdioServerParameters(
-        command=command, args=list(args), env={**os.environ, **(env or {})}, cwd=str(cwd) if cwd else None
+        command=command, args=list(args), env=dict(env or {}), cwd=str(cwd) if cwd else None
     )
     shown = " ".join([Path(command).name, *args])
     with tempfile.NamedTemporaryFile("w+", prefix="artnb-mcp-", suffix=".log", delete=False) as stderr:

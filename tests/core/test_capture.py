@@ -172,6 +172,11 @@ async def test_art_spellings_and_clear_errors(client):
         art.yield_trajectory(art.Trajectory())
     failed = await art.trajectory_group([classic(), _fails()], return_exceptions=True)
     assert len(failed) == 1 and failed.exceptions[0].type == "ValueError"
+    with art.TrajectoryGroup() as opened:
+        own = await art.trajectory(classic())
+        with pytest.raises(ValueError, match="the tool broke"):
+            await art.trajectory(_fails())
+    assert len(opened.trajectories) == 1 and opened.trajectories[0] is own, "a failed rollout does not join"
 
 
 async def _fails() -> None:
