@@ -11,11 +11,11 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from pydantic import BaseModel, Field
+from served import served_model
 from transformers import AutoTokenizer
 
 import artnb as art
 from artnb import models
-from artnb.backends.engines.process import HFEngine
 from artnb.core.tokenize import tokenize_trajectory
 from artnb.langgraph import init_chat_model, wrap_rollout
 
@@ -44,13 +44,8 @@ def tiny() -> str:
 @pytest.fixture(scope="module")
 async def policy(tiny, tmp_path_factory):
     """The tiny model served by the HF engine, as an art.Model pointing at it."""
-    engine = HFEngine(tiny, "base", tmp_path_factory.mktemp("logs"), device="cpu")
-    await engine.start(timeout=120)
-    yield art.Model(
-        name="agent", project="lg", inference_model_name="base",
-        inference_base_url=engine.base_url, inference_api_key=engine.api_key,
-    )  # fmt: skip
-    await engine.stop()
+    async with served_model(tiny, tmp_path_factory.mktemp("logs")) as model:
+        yield model
 
 
 def graph():

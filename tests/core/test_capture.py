@@ -8,11 +8,11 @@ import math
 import openai
 import pytest
 from openai.types.chat.chat_completion import Choice
+from served import served_model
 from transformers import AutoTokenizer
 
 import artnb as art
 from artnb import models
-from artnb.backends.engines.process import HFEngine
 from artnb.core.judge_requests import JudgeLimits, request_judge
 from artnb.core.tokenize import tokenize_trajectory
 
@@ -32,16 +32,14 @@ def tiny() -> str:
 
 
 @pytest.fixture(scope="module")
-async def engine(tiny, tmp_path_factory):
-    engine = HFEngine(tiny, "base", tmp_path_factory.mktemp("logs"), device="cpu", max_batch_size=16)
-    await engine.start(timeout=120)
-    yield engine
-    await engine.stop()
+async def policy(tiny, tmp_path_factory):
+    async with served_model(tiny, tmp_path_factory.mktemp("logs"), max_batch_size=16) as model:
+        yield model
 
 
 @pytest.fixture(scope="module")
-def client(engine) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key, max_retries=0)
+def client(policy) -> openai.AsyncOpenAI:
+    return policy.openai_client()
 
 
 async def agent(client: openai.AsyncOpenAI, question: str, keep: list | None = None) -> float:
@@ -102,7 +100,7 @@ async def test_concurrent_rollouts_never_mix_their_calls(client):
     assert {id(t) for t in opened.trajectories} == {id(t) for t in group}, "the open group collects them"
 
 
-async def test_streamed_and_sync_calls_are_captured_whole(client, engine):
+async def test_streamed_and_sync_calls_are_captured_whole(client, policy):
     async def streamed() -> None:
         stream = await client.chat.completions.create(
             model="base", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, seed=3, stream=True
@@ -119,13 +117,13 @@ async def test_streamed_and_sync_calls_are_captured_whole(client, engine):
     assert choice.model_extra["token_ids"] == whole.choices[0].model_extra["token_ids"]
     assert captured.metadata["chunks"] > 2
 
-    sync = openai.OpenAI(base_url=engine.base_url, api_key=engine.api_key, max_retries=0)
+    sync = openai.OpenAI(base_url=policy.inference_base_url, api_key=policy.inference_api_key, max_retries=0)
     with art.Trajectory() as by_sync_client:
         sync.chat.completions.create(model="base", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert by_sync_client.trainable_turns() == 1
 
 
-async def test_what_is_not_the_policys_turn_is_left_out_or_kept_apart(client, engine):
+async def test_what_is_not_the_policys_turn_is_left_out_or_kept_apart(client, policy):
     hello = [{"role": "user", "content": "Hello"}]
     before = await client.chat.completions.create(model="base", messages=hello, max_tokens=2)
     assert before.choices, "a call outside any scope works as before"
@@ -134,7 +132,11 @@ async def test_what_is_not_the_policys_turn_is_left_out_or_kept_apart(client, en
         await client.chat.completions.create(model="base", messages=hello, max_tokens=3)
         with art.no_capture():
             await client.chat.completions.create(model="base", messages=hello, max_tokens=3)
-        judge = {"model": "openai/base", "api_base": engine.base_url, "api_key": engine.api_key}
+        judge = {
+            "model": "openai/base",
+            "api_base": policy.inference_base_url,
+            "api_key": policy.inference_api_key,
+        }
         await request_judge(judge, hello, None, JudgeLimits(), attempts=1)
         summary = [{"role": "user", "content": "Summarise the chat so far."}]
         await client.chat.completions.create(model="base", messages=summary, max_tokens=3)

@@ -8,10 +8,10 @@ import signal
 import sys
 
 import pytest
+from served import served_model
 
 import artnb as art
 from artnb import models
-from artnb.backends.engines.process import HFEngine
 
 NOTES = "artnb.mcp.notes_server"
 SEARCH = {
@@ -27,15 +27,8 @@ def server(tmp_path, name: str = "notes.db", *extra: str) -> tuple[str, list[str
 @pytest.fixture(scope="module")
 async def policy(tmp_path_factory):
     """The embedded model on the HF engine, as an art.Model (it writes sensible tool arguments)."""
-    engine = HFEngine(
-        str(models.embedded_model_path()), "base", tmp_path_factory.mktemp("logs"), device="cpu"
-    )
-    await engine.start(timeout=180)
-    yield art.Model(
-        name="agent", project="mcp", inference_model_name="base",
-        inference_base_url=engine.base_url, inference_api_key=engine.api_key,
-    )  # fmt: skip
-    await engine.stop()
+    async with served_model(str(models.embedded_model_path()), tmp_path_factory.mktemp("logs")) as model:
+        yield model
 
 
 async def test_tools_calls_and_tool_errors(tmp_path):
