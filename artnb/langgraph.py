@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .core.capture import current_trajectory_group, enter_trajectory, exit_trajectory
+from .core.capture import trajectory
 from .core.model import Model
 from .core.trajectory import Trajectory
 
@@ -85,24 +85,9 @@ def wrap_rollout(model: Model, fn: Callable[..., Awaitable[Any]]) -> Callable[..
     @functools.wraps(fn)
     async def rollout(*args: Any, **kwargs: Any) -> Trajectory:
         token = _model.set(model)
-        captured = enter_trajectory(Trajectory())
-        failed = True
         try:
-            result = await fn(*args, **kwargs)
-            failed = False
+            return await trajectory(fn(*args, **kwargs), take_calls=True)
         finally:
-            exit_trajectory(captured, failed=failed)
             _model.reset(token)
-        if isinstance(result, Trajectory):
-            group = current_trajectory_group()
-            if group is not None:  # the returned trajectory stands for the run in an open group
-                group.trajectories = [result if t is captured else t for t in group.trajectories]
-            result.messages_and_choices = captured.messages_and_choices
-            result.tools = captured.tools
-            result.additional_histories = [*captured.additional_histories, *result.additional_histories]
-            return result.finish()
-        if isinstance(result, (int, float)) and not isinstance(result, bool):
-            captured.reward = float(result)
-        return captured
 
     return rollout

@@ -116,10 +116,11 @@ def _check_coroutine(value: Any, name: str) -> None:
         )
 
 
-async def trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
+async def trajectory(coroutine: Coroutine[Any, Any, Any], *, take_calls: bool = False) -> Trajectory:
     """Run `coroutine` and return the Trajectory of the chat completions it made.
 
-    If the rollout returns a number, it is the reward; if it returns a Trajectory, that one is the result.
+    If the rollout returns a number, it is the reward; if it returns a Trajectory, that one is the result, and
+    with `take_calls` its histories are replaced by the captured calls (art.langgraph's `wrap_rollout`).
     """
     _check_coroutine(coroutine, "art.trajectory")
     with Trajectory() as captured:
@@ -127,6 +128,11 @@ async def trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:
     if isinstance(result, Trajectory):
         if (group := current_trajectory_group()) is not None:  # the rollout's own trajectory stands for it
             group.trajectories = [result if t is captured else t for t in group.trajectories]
+        if take_calls:
+            result.messages_and_choices = captured.messages_and_choices
+            result.tools = captured.tools
+            result.additional_histories = [*captured.additional_histories, *result.additional_histories]
+            result.finish()
         return result
     if isinstance(result, (int, float)) and not isinstance(result, bool):
         captured.reward = float(result)

@@ -25,14 +25,17 @@ JSON_CHAR = r"[^\0-\x1f\"\\]"  # what JSON allows unescaped in a string (no quot
 
 
 def json_schema_ebnf(
-    schema: dict[str, Any], any_whitespace: bool = False, what: str = "the JSON schema"
+    schema: dict[str, Any] | str, any_whitespace: bool = False, what: str = "the JSON schema"
 ) -> str:
-    """The grammar of JSON documents matching `schema`; root rule `root`.
+    """The grammar of JSON documents matching `schema` (a dict, or its JSON text); root rule `root`.
 
     Raises ValueError "{what} could not be compiled: ..." when xgrammar cannot turn the schema into a grammar.
     """
-    try:  # key order kept: it is the order the JSON is written in
-        return _json_schema_ebnf(json.dumps(schema), any_whitespace)
+    text = (
+        schema if isinstance(schema, str) else json.dumps(schema)
+    )  # key order kept: the order JSON is written in
+    try:
+        return _json_schema_ebnf(text, any_whitespace)
     except ValueError as error:
         raise ValueError(f"{what} could not be compiled: {error}") from error
 

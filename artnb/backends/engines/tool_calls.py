@@ -107,7 +107,7 @@ def hermes_ebnf(schema: dict[str, Any], parallel: bool) -> str:
 
 @functools.lru_cache(maxsize=64)  # an agent forces the same tools request after request
 def _hermes_ebnf(schema_json: str, parallel: bool) -> str:
-    call = json_schema_ebnf(json.loads(schema_json), what="the tools' parameter schemas")
+    call = json_schema_ebnf(schema_json, what="the tools' parameter schemas")
     block = '"<tool_call>\\n" call "\\n</tool_call>"'
     more = f' ("\\n" {block})*' if parallel else ""
     return f"root ::= {block}{more}\n" + _ROOT.sub("call", call)
