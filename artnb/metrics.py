@@ -1,4 +1,5 @@
-"""ART's `art.metrics`: `track_api_cost` counts the spend of API calls artnb does not make itself.
+"""ART's `art.metrics`: `track_api_cost` counts the spend of API calls artnb does not make itself;
+`MetricsBuilder` (what `model.metrics_builder()` returns) takes durations, data counts, idle times and prices.
 
     @art.metrics.track_api_cost(source="tools/search", provider="openai", model_name="gpt-4.1-mini")
     async def ask(question): return await client.chat.completions.create(...)
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .core import costs
+from .core.metrics_builder import MetricsBuilder
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,4 +51,4 @@ def track_api_cost(
     return decorate
 
 
-__all__ = ["track_api_cost"]
+__all__ = ["MetricsBuilder", "track_api_cost"]

@@ -2,8 +2,9 @@
 
 Calls made through artnb are counted: RULER's judge requests (source `judge/ruler`), requests through a hosted
 `Model`'s `openai_client()` (source `model/{name}`), and any function decorated with `art.metrics.track_api_cost`.
-Each adds its tokens, a request, and litellm's price estimate in USD when litellm knows the model's price
-(`costs/.../usd` is absent otherwise: an unknown price is not $0).
+Each adds its tokens, a request, and its price in USD: the price registered for the model
+(`register_pricing`, or a metrics builder's `register_model_pricing`), else litellm's estimate when litellm knows
+the model (`costs/.../usd` is absent otherwise: an unknown price is not $0).
 
 Where a cost goes: into the ledger active in the current context (`with model.activate_metrics_context(
 model.metrics_builder()):`, ART's calls), else into the calling hosted model's own ledger, else into a shared one
@@ -16,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from . import metrics as names
@@ -77,14 +78,24 @@ _active: ContextVar[CostLedger | None] = ContextVar("artnb_cost_ledger", default
 shared = CostLedger()  # calls that name no model: a judge scoring groups, track_api_cost outside a context
 
 
-@contextlib.contextmanager
-def activate(ledger: CostLedger) -> Iterator[CostLedger]:
-    """Costs recorded inside the block (and tasks started in it) go to `ledger`."""
-    token = _active.set(ledger)
-    try:
-        yield ledger
-    finally:
-        _active.reset(token)
+class Activation:
+    """`ledger` receives the costs recorded from its creation on, in this context and tasks started from it;
+    as a `with` block, until the block ends."""
+
+    def __init__(self, ledger: CostLedger) -> None:
+        self.ledger = ledger
+        self._token = _active.set(ledger)
+
+    def __enter__(self) -> CostLedger:
+        return self.ledger
+
+    def __exit__(self, *exc: object) -> None:
+        _active.reset(self._token)
+
+
+def activate(ledger: CostLedger) -> Activation:
+    """`with activate(ledger):` costs recorded inside the block (and tasks started in it) go to `ledger`."""
+    return Activation(ledger)
 
 
 def record(source: str, response: Any, model: str | None = None, ledger: CostLedger | None = None) -> None:
@@ -103,8 +114,46 @@ def record(source: str, response: Any, model: str | None = None, ledger: CostLed
     )
 
 
+@dataclass(frozen=True)
+class Pricing:
+    """USD per million tokens."""
+
+    prompt: float
+    completion: float
+    cached_prompt: float | None = None  # cached prompt tokens, when the provider bills them differently
+
+
+_pricing: dict[str, Pricing] = {}
+
+
+def register_pricing(
+    model_name: str,
+    *,
+    prompt_per_million: float,
+    completion_per_million: float,
+    cached_prompt_per_million: float | None = None,
+) -> None:
+    """Price `model_name` for every cost recorded from now on (it wins over litellm's table)."""
+    prices = (prompt_per_million, completion_per_million, cached_prompt_per_million or 0.0)
+    if not model_name or any(not isinstance(x, (int, float)) or x < 0 for x in prices):
+        raise ValueError(
+            f"register_model_pricing({model_name!r}, ...): give the model's name and prices in USD per million "
+            "tokens as numbers >= 0"
+        )
+    _pricing[model_name] = Pricing(prompt_per_million, completion_per_million, cached_prompt_per_million)
+
+
 def price(response: Any, model: str | None, prompt_tokens: int, completion_tokens: int) -> float | None:
-    """litellm's estimate in USD, or None when it does not know the model's price."""
+    """The registered price, else litellm's estimate, in USD; None when neither knows the model."""
+    answered = getattr(response, "model", None) or (isinstance(response, dict) and response.get("model"))
+    for name in (model, answered):
+        if name and (known := _pricing.get(name) or _pricing.get(str(name).split("/", 1)[-1])):
+            cached = min(_cached_tokens(response), prompt_tokens) if known.cached_prompt is not None else 0
+            return (
+                (prompt_tokens - cached) * known.prompt
+                + cached * (known.cached_prompt or 0.0)
+                + completion_tokens * known.completion
+            ) / 1e6
     import litellm
 
     # Else litellm prints its provider list for each unpriced model, such as our own engines' names.
@@ -126,6 +175,20 @@ def drain_for(ledger: CostLedger) -> dict[str, float]:
     for name, value in ledger.drain().items():
         out[name] = out.get(name, 0.0) + value
     return out
+
+
+def _cached_tokens(response: Any) -> int:
+    usage = getattr(response, "usage", None)
+    if usage is None and isinstance(response, dict):
+        usage = response.get("usage")
+    details = (
+        usage.get("prompt_tokens_details")
+        if isinstance(usage, dict)
+        else getattr(usage, "prompt_tokens_details", None)
+    )
+    return (
+        _field(details, "cached_tokens") if details is not None else _field(usage, "cache_read_input_tokens")
+    )
 
 
 def _field(usage: Any, *keys: str) -> int:

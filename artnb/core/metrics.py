@@ -7,6 +7,7 @@ A name is `{section}/{metric}`. The sections:
 - "train" also holds what the trainer measured on the step (TRAINER);
 - "data": the batch as the trainer saw it (DATA), only what the rollout summary and trainer do not already say;
 - "time": durations (TIME);
+- "throughput": how long the trainer and the rollouts waited for each other (THROUGHPUT);
 - "costs": spend on judges and hosted models (`costs/{source}/{kind}`, COSTS), cumulative over the step.
 Each value is written once per step: `drop_duplicates` removes a `data/` value that `train/` already holds.
 A spread is `{metric}{STD_SUFFIX}` next to its metric (what the reward plot draws as a band).
@@ -59,8 +60,20 @@ DATA = {
     "num_trainable_tokens": "trainable tokens in the batch (when no trainer ran)",
     "reward": "mean reward the batch was tokenised with (when no rollout summary exists)",
     "reward" + STD_SUFFIX: "within-group reward std of the batch (when no rollout summary exists)",
+    "step_num_scenarios": "scenarios rolled out for the step (metrics builder's add_data)",
+    "step_actor_tokens": "tokens the rollouts sampled for the step (add_data)",
+    "num_unique_scenarios": "distinct scenario ids seen so far in this kernel (add_data's scenario_ids)",
 }
-TIME = {"step_train_s": "wall seconds of the train call: validate to commit"}
+TIME = {
+    "step_train_s": "wall seconds of the train call: validate to commit",
+    "step_wall_s": "wall seconds of the whole step (a loop's own timing, or PipelineTrainer's)",
+    "step_actor_s": "seconds spent rolling out the step's groups",
+    "step_eval_s": "seconds spent evaluating",
+}
+THROUGHPUT = {
+    "step_trainer_idle_s": "seconds the trainer waited for rollouts before this step",
+    "step_actor_idle_s": "seconds rollouts waited (paused by the off-policy bound) during this step",
+}
 TABLES = {"trajectories": "W&B only: up to 32 sampled trajectories of the batch (messages, reward, metrics)"}
 COSTS = {
     "usd": "estimated spend in US dollars (litellm's price table; absent when the model's price is unknown)",
@@ -98,6 +111,18 @@ def data(metric: str) -> str:
     return f"data/{metric}"
 
 
+def time(metric: str) -> str:
+    if metric not in TIME:
+        raise KeyError(f"time/{metric} is not in artnb/core/metrics.py's TIME")
+    return f"time/{metric}"
+
+
+def throughput(metric: str) -> str:
+    if metric not in THROUGHPUT:
+        raise KeyError(f"throughput/{metric} is not in artnb/core/metrics.py's THROUGHPUT")
+    return f"throughput/{metric}"
+
+
 def trainer(metric: str) -> str:
     if metric not in TRAINER:
         raise KeyError(f"train/{metric} is not in artnb/core/metrics.py's TRAINER")
@@ -119,6 +144,8 @@ def describe(name: str) -> str | None:
         return DATA.get(metric)
     if section == "time":
         return TIME.get(metric)
+    if section == "throughput":
+        return THROUGHPUT.get(metric)
     if section == "costs":
         return COSTS[name.rsplit("/", 1)[1]] if _COST_NAME.match(name) else None
     if section == "train" and metric in TRAINER:

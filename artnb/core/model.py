@@ -22,6 +22,7 @@ from . import costs
 from . import metrics as names
 from .config import LoRAConfig, TrainConfig
 from .ignored import report_ignored
+from .metrics_builder import MetricsBuilder
 from .names import check_name
 from .store import RunStore
 from .trajectory import Trajectory, TrajectoryGroup
@@ -81,13 +82,14 @@ class Model(BaseModel, Generic[ModelConfig]):
     entity: str | None = None
     id: str | None = None
     run_id: str | None = None
-    report_metrics: list[str] | None = None
+    report_metrics: list[str] | None = None  # "wandb", "trackio"; None: W&B when WANDB_API_KEY is set
+    run_name: str | None = None  # the run's display name in W&B and Trackio (default: `name`)
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
     _trained: _TrainedBatch | None = PrivateAttr(default=None)
     _reporters: list | None = PrivateAttr(default=None)  # integrations.reporters(): W&B, Langfuse
-    _costs: costs.CostLedger = PrivateAttr(default_factory=costs.CostLedger)
+    _costs: MetricsBuilder = PrivateAttr(default_factory=MetricsBuilder)
 
     @field_validator("name", "project")
     @classmethod
@@ -129,15 +131,21 @@ class Model(BaseModel, Generic[ModelConfig]):
             if hasattr(reporter, "update_config"):
                 reporter.update_config(config)
 
-    def metrics_builder(self, cost_context: str | None = None) -> costs.CostLedger:
-        """The ledger this model's next history row takes its `costs/...` from (ART's call). `cost_context` is
-        accepted for ART's signature; sources name themselves here (e.g. `judge/ruler`)."""
+    def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
+        """What this model's next history row takes its `costs/`, `time/`, `data/` and `throughput/` values from
+        (ART's call): `measure`, `add_data`, `add_idle_times`, `register_model_pricing` (metrics_builder.py).
+        `cost_context` is kept as a label; cost names carry their source here (e.g. `judge/ruler`)."""
+        if cost_context is not None:
+            self._costs.cost_context = cost_context
         return self._costs
 
-    def activate_metrics_context(self, context: costs.CostLedger):
-        """`with model.activate_metrics_context(model.metrics_builder()):` API costs recorded inside the block
-        (RULER, `art.metrics.track_api_cost`) are this model's."""
-        return costs.activate(context)
+    def activate_metrics_context(self, context: MetricsBuilder | str | None = None) -> costs.Activation:
+        """Make API spend recorded from here on (RULER, `art.metrics.track_api_cost`) this model's: in a
+        `with` block until it ends, or, called alone (ART's style), for the rest of the current task.
+        `context` is a builder, or ART's cost-context name ("train", "eval") for this model's own builder."""
+        if context is None or isinstance(context, str):
+            context = self.metrics_builder(context)
+        return costs.Activation(context)
 
     async def register(self, backend: Backend) -> None:
         """Attach this model to `backend`: a TrainableModel starts serving (engine, checkpoint resume); any model
@@ -150,9 +158,10 @@ class Model(BaseModel, Generic[ModelConfig]):
                     f"model {self.name!r}: its config cannot be saved as JSON ({error}); use JSON-friendly "
                     "field types (str, numbers, lists, dicts, nested pydantic models)"
                 ) from error
-        for name in set(self.report_metrics or ()) - {"wandb"}:
+        for name in set(self.report_metrics or ()) - set(integrations.METRIC_REPORTERS):
             report_ignored(
-                f"report_metrics=[{name!r}]", "artnb reports to 'wandb' (and Langfuse, by its keys)"
+                f"report_metrics=[{name!r}]",
+                f"artnb reports to {' and '.join(map(repr, integrations.METRIC_REPORTERS))} (and Langfuse, by its keys)",
             )
         previous = (self._backend, self.base_path)
         self._backend = backend
@@ -451,7 +460,7 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _count_costs(client: Any, source: str, model_name: str | None, ledger: costs.CostLedger) -> None:
+def _count_costs(client: Any, source: str, model_name: str | None, ledger: MetricsBuilder) -> None:
     """Record the usage and price of each (non-streamed) chat completion `client` makes into `ledger`."""
     create = client.chat.completions.create
 

@@ -1,4 +1,4 @@
-"""Where artnb tells observability tools about a run: W&B runs, Langfuse traces.
+"""Where artnb tells observability tools about a run: W&B and Trackio runs, Langfuse traces.
 
 Two calls, made by the core and the backends, are the whole seam:
 - `report(model, row, groups, config)` after each history row is recorded (a train step's row, `model.log` rows
@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from ..core.trajectory import TrajectoryGroup
 
 # module:function giving each integration's reporter for a model, or None
-FACTORIES = ("artnb.integrations.wandb_run:reporter_for", "artnb.integrations.langfuse_traces:reporter_for")
+FACTORIES = (
+    "artnb.integrations.wandb_run:reporter_for",
+    "artnb.integrations.trackio_run:reporter_for",
+    "artnb.integrations.langfuse_traces:reporter_for",
+)
+METRIC_REPORTERS = ("wandb", "trackio")  # what `report_metrics=[...]` may name
 
 
 class Reporter(Protocol):

@@ -37,7 +37,7 @@ from ..core.ignored import warn_user
 
 if TYPE_CHECKING:
     from ..core.model import Model
-    from ..core.trajectory import TrajectoryGroup
+    from ..core.trajectory import Trajectory, TrajectoryGroup
 
 TABLE_ROWS = 32  # trajectories per logged batch in the W&B table (a fixed-seed sample of larger batches)
 INIT_TIMEOUT_S = 30.0
@@ -78,11 +78,11 @@ class WandbReporter:
         self._failed = False
         init = {
             "project": model.project,
-            "name": model.name,
+            "name": model.run_name or model.name,
             "id": self.run_id,
             "entity": model.entity,
             "resume": "allow",
-            "config": _model_config(model),
+            "config": run_config(model),
             "dir": str(model.store.wandb_dir),
         }
         model.store.wandb_dir.mkdir(parents=True, exist_ok=True)
@@ -170,13 +170,20 @@ _COLUMNS = ("step", "split", "group", "index", "reward", "metrics", "messages")
 
 def _table_rows(step: int, split: str, groups: Sequence[TrajectoryGroup]) -> list[list[Any]]:
     """Up to TABLE_ROWS trajectories of the batch (a sample seeded by the step, so a rerun picks the same)."""
-    items = [(g, i, t) for g, group in enumerate(groups) for i, t in enumerate(group.trajectories)]
-    if len(items) > TABLE_ROWS:
-        items = sorted(random.Random(step).sample(items, TABLE_ROWS), key=lambda x: (x[0], x[1]))
     return [
         [step, split, g, i, float(t.reward), json.dumps(t.metrics, default=str), _conversation(t.messages())]
-        for g, i, t in items
+        for g, i, t in sample_trajectories(step, groups, TABLE_ROWS)
     ]
+
+
+def sample_trajectories(
+    step: int, groups: Sequence[TrajectoryGroup], limit: int
+) -> list[tuple[int, int, Trajectory]]:
+    """(group index, index in group, trajectory) of up to `limit` trajectories, sampled with the step as seed."""
+    items = [(g, i, t) for g, group in enumerate(groups) for i, t in enumerate(group.trajectories)]
+    if len(items) > limit:
+        items = sorted(random.Random(step).sample(items, limit), key=lambda x: (x[0], x[1]))
+    return items
 
 
 def _conversation(messages: list[dict[str, Any]]) -> str:
@@ -192,7 +199,7 @@ def _conversation(messages: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _model_config(model: Model) -> dict[str, Any]:
+def run_config(model: Model) -> dict[str, Any]:
     config: dict[str, Any] = {"model": {"name": model.name, "project": model.project}}
     for field in ("base_model", "lora"):
         value = getattr(model, field, None)

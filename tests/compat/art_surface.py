@@ -75,6 +75,8 @@ SURFACE: list[tuple[str, str, str, str]] = [
         "same",
         "shuffle(seed=) leaves the global random alone",
     ),
+    ("artnb.metrics", "track_api_cost", "same", ""),
+    ("artnb.metrics", "MetricsBuilder", "mapped", "measure, add_data, add_idle_times; no .../cum/ totals"),
     ("artnb.local", "LocalBackend", "same", ""),
     ("artnb.local.backend", "LocalBackend", "same", ""),
     ("artnb.serverless", "ServerlessBackend", "mapped", ""),

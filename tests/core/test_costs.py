@@ -73,3 +73,55 @@ async def test_track_api_cost_and_the_metrics_context(tmp_path):
     assert row["costs/tools/search/requests"] == 1 and row["costs/tools/search/usd"] > 0
     with pytest.raises(ValueError, match="costs/<source>"):
         art.metrics.track_api_cost(source="no spaces allowed")
+
+
+async def test_the_metrics_builder_fills_the_next_row_once(tmp_path):
+    model = art.Model(name="builder", project="costs", base_path=str(tmp_path))
+    builder = model.metrics_builder("train")
+    with builder.measure("time/step_actor_s"):
+        pass
+    with pytest.raises(KeyError), builder.measure("time/step_tool_s"):  # measured even when the block raises
+        raise KeyError("a rollout failed")
+    builder.add_data(step_num_scenarios=3, step_actor_tokens=120, scenario_ids=["a", "b"])
+    builder.add_data(step_num_scenarios=2, scenario_ids=["b", "c"])
+    builder.add_idle_times(step_trainer_idle_s=1.5, step_actor_idle_s=0.25)
+    builder.add_cost("tools/weather", usd=0.002)
+    row = await model.log(split="train", metrics={"reward": 1.0})
+    assert row["time/step_actor_s"] >= 0 and row["time/step_tool_s"] >= 0
+    assert row["data/step_num_scenarios"] == 5 and row["data/step_actor_tokens"] == 120
+    assert row["data/num_unique_scenarios"] == 3
+    assert row["throughput/step_trainer_idle_s"] == 1.5 and row["throughput/step_actor_idle_s"] == 0.25
+    assert row["costs/tools/weather/usd"] == pytest.approx(0.002)
+    builder.add_data(scenario_ids=["a", "d"])  # unique ids count across rows
+    row = await model.log(split="train", metrics={"reward": 1.0})
+    assert row["data/num_unique_scenarios"] == 4 and "time/step_actor_s" not in row
+    for bad in ("no_section", "time/cum/step_actor_s", "costs/x/usd"):
+        with pytest.raises(ValueError, match="metric"):
+            builder.add_metric(bad, 1.0)
+
+
+async def test_registered_pricing_wins_over_litellms_and_prices_unknown_models(tmp_path):
+    @art.metrics.track_api_cost(source="tools/mine", model_name="my-finetune")
+    def mine() -> dict:
+        return {
+            "usage": {
+                "prompt_tokens": 1000,
+                "completion_tokens": 500,
+                "prompt_tokens_details": {"cached_tokens": 400},
+            }
+        }
+
+    model = art.Model(name="priced", project="costs", base_path=str(tmp_path))
+    model.activate_metrics_context("train")  # ART's style: no `with`, active for the rest of this task
+    mine()
+    assert "costs/tools/mine/usd" not in await model.log(
+        split="val", metrics={"reward": 1.0}
+    )  # unknown price
+    model.metrics_builder().register_model_pricing(
+        "my-finetune", prompt_per_million=2.0, completion_per_million=8.0, cached_prompt_per_million=0.5
+    )
+    mine()
+    row = await model.log(split="val", metrics={"reward": 1.0})
+    assert row["costs/tools/mine/usd"] == pytest.approx((600 * 2.0 + 400 * 0.5 + 500 * 8.0) / 1e6)
+    with pytest.raises(ValueError, match="per million"):
+        model.metrics_builder().register_model_pricing("x", prompt_per_million=-1, completion_per_million=1)
