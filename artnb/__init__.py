@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
         "core.evaluate",
     ),
     **dict.fromkeys(("Interval", "bootstrap_mean"), "core.intervals"),
+    "trajectory_group_batches": "core.batches",
     **dict.fromkeys(
         (
             "AfterEachFailure",
@@ -77,7 +78,7 @@ _ALIASES = {"LocalTrainResult": "TrainResult"}  # ART's name for what LocalBacke
 # Submodules a user reaches as attributes: artnb's own and ART's module paths (`art.utils`, `art.rewards`...).
 _MODULES = (
     "dev", "explain", "models", "tutorial", "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types",
-    "trajectories", "metrics", "integrations", "autorl", "openai",
+    "trajectories", "metrics", "integrations", "autorl", "openai", "pipeline_trainer",
 )  # fmt: skip
 
 __all__ = sorted({*_EXPORTS, *_ALIASES, "dev", "explain", "models", "tutorial"})

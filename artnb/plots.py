@@ -137,3 +137,46 @@ def runs_figure(
         height=380,
     )
     return fig
+
+
+OFF_POLICY = {  # metric -> (label, axis): lag in steps on the left axis, the ratio's spread on the right
+    "train/steps_off_policy": ("policy lag, mean (steps)", "y"),
+    "train/steps_off_policy_max": ("policy lag, max (steps)", "y"),
+    "train/ratio_std": ("importance ratio spread (std)", "y2"),
+}
+
+
+def off_policy_figure(history: pd.DataFrame, title: str = "how off-policy each step trained") -> go.Figure:
+    """Per training step: how many steps behind the trained policy its rollouts' policies were, and the spread of
+    the importance ratios new/sampling policy (which that lag widens; large spreads mean clipped, noisy
+    updates). Steps without a value (a synchronous loop records no lag) are left out of that line."""
+    rows = history[history["split"] == "train"] if "split" in history.columns else history.iloc[:0]
+    fig = go.Figure()
+    for column, (label, axis) in OFF_POLICY.items():
+        if column not in rows.columns:
+            continue
+        values = rows.groupby("step")[column].max().dropna()
+        if values.empty:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=values.index.tolist(),
+                y=values.tolist(),
+                mode="lines+markers",
+                name=label,
+                yaxis=axis,
+                line={"dash": "dot"} if column.endswith("_max") else {},
+                meta={"metric": column},
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title="step (trained)",
+        yaxis={"title": "steps behind", "rangemode": "tozero"},
+        yaxis2={"title": "ratio std", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        template="plotly_white",
+        height=300,
+        legend={"orientation": "h", "y": -0.25},
+    )
+    fig.update_xaxes(tickformat="d")
+    return fig

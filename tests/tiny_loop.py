@@ -3,6 +3,7 @@ constrained to those two letters, with every group given something to learn what
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,6 +37,22 @@ async def gather(model: art.TrainableModel, seed: int, client: AsyncOpenAI | Non
     for g in groups:  # every group has something to learn, whatever the tiny model samples
         g.trajectories[0].reward, g.trajectories[1].reward = 1.0, 0.0
     return groups
+
+
+async def scenario_group(
+    model: art.TrainableModel, scenario: int, config: dict | None
+) -> art.TrajectoryGroup:
+    """PipelineTrainer's rollout_fn: a group of 4 answers to `scenario` (seeded), the first two rewarded 1 and 0
+    so every group has something to learn, each tagged with its scenario; `config["delay"]` seconds of "tool
+    time" after sampling."""
+    client = model.openai_client()
+    group = await art.TrajectoryGroup(pick(client, model, scenario * 100 + i) for i in range(4))
+    group.trajectories[0].reward, group.trajectories[1].reward = 1.0, 0.0
+    for t in group.trajectories:
+        t.metadata["scenario"] = scenario
+    if config and config.get("delay"):
+        await asyncio.sleep(config["delay"])
+    return group
 
 
 @contextlib.asynccontextmanager

@@ -291,9 +291,27 @@ class TrainStep:
             if self.sft
             else {names.split_metric("train", k): v for k, v in summarize_groups(self.groups).items()}
         )
+        lag = {} if self.sft else policy_lag(self.groups, self.step)
         return names.drop_duplicates(
-            {"step": self.step, "split": "train", **summary, **self.extra_row, **metrics}
+            {"step": self.step, "split": "train", **summary, **lag, **self.extra_row, **metrics}
         )
+
+
+def policy_lag(groups: list[TrajectoryGroup], step: int) -> dict[str, float]:
+    """How many steps behind `step` the policies that sampled the batch were (from each trajectory's
+    `initial_policy_version`; nothing when no trajectory has one, as in a synchronous loop's batch)."""
+    lags = [
+        step - t.initial_policy_version
+        for g in groups
+        for t in g.trajectories
+        if t.initial_policy_version is not None
+    ]
+    if not lags:
+        return {}
+    return {
+        names.trainer("steps_off_policy"): sum(lags) / len(lags),
+        names.trainer("steps_off_policy_max"): float(max(lags)),
+    }
 
 
 def _last_update_kind(store: RunStore, step: int) -> str | None:

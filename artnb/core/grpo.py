@@ -153,6 +153,7 @@ def policy_loss(
     log_ratio = new_logprobs - old
     ratio = importance_ratio(log_ratio, selected, importance_sampling_level)
     ratio_mean = (ratio.detach() * selected).sum().item()
+    ratio_square_sum = (ratio.detach() ** 2 * selected).sum().item()
     cap = max_negative_advantage_importance_sampling_weight
     if cap is not None:
         ratio = ratio.clamp(max=cap)
@@ -186,6 +187,8 @@ def policy_loss(
         "policy_loss": loss.item(),
         "clip_fraction": (outside & selected).sum().item() / count,
         "ratio_mean": ratio_mean / count,
+        "ratio_square_mean": ratio_square_sum
+        / count,  # with ratio_mean: the ratio's spread (trainers sum both)
     }
     if kl_penalty_coef > 0 and ref_logprobs is not None:
         log_ref_over_new = (

@@ -74,6 +74,10 @@ class Trajectory(History):
     metadata: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     additional_histories: list[History] = Field(default_factory=list)
+    # The trained step (policy version) serving when the rollout began and when it ended; PipelineTrainer sets
+    # them, and a training step records how far behind it its rollouts' policies were (train/steps_off_policy).
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
     start_time: float = Field(default_factory=time.monotonic, exclude=True)
 
     def log(self, message: str) -> None:

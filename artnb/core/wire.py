@@ -114,6 +114,8 @@ def trajectory_to_wire(trajectory: Trajectory) -> dict[str, Any]:
         "metadata": dict(trajectory.metadata),
         "logs": list(trajectory.logs),
         "additional_histories": [_history_to_wire(h) for h in trajectory.additional_histories],
+        "initial_policy_version": trajectory.initial_policy_version,
+        "final_policy_version": trajectory.final_policy_version,
     }
 
 
@@ -132,6 +134,8 @@ def trajectory_from_wire(data: dict[str, Any]) -> Trajectory:
             )
             for h in data.get("additional_histories", [])
         ],
+        initial_policy_version=data.get("initial_policy_version"),
+        final_policy_version=data.get("final_policy_version"),
     )
 
 

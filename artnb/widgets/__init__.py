@@ -6,6 +6,7 @@
 - `TrainingPanel(model, rollout, scenarios)`: Gather, Score, Train step, Run N, Stop; live plot and groups.
 - `ScenarioEditor(scenarios)`: AutoRL's generated scenarios as editable rows; `.scenarios` validates them.
 - `RewardPlot(model_or_run_dir)`: mean reward (or any metric) per step with a spread band, live or from disk.
+- `OffPolicyPlot(model_or_run_dir)`: each step's policy lag and importance-ratio spread (pipelined training).
 
 They are plain ipywidgets and plotly FigureWidgets (tested in JupyterLab 4.6 by tests/widgets/test_browser.py).
 In Colab, importing this module turns on Colab's custom widget manager (needed for ipywidgets 8 and plotly's
@@ -28,6 +29,7 @@ def enable_colab_widgets() -> bool:
 enable_colab_widgets()
 
 from .group_view import GroupView  # noqa: E402
+from .off_policy_plot import OffPolicyPlot  # noqa: E402
 from .preflight_view import PreflightView  # noqa: E402
 from .reward_plot import RewardPlot  # noqa: E402
 from .ruler_comparison import RulerComparison  # noqa: E402
@@ -36,6 +38,7 @@ from .training_panel import TrainingPanel  # noqa: E402
 
 __all__ = [
     "GroupView",
+    "OffPolicyPlot",
     "PreflightView",
     "RewardPlot",
     "RulerComparison",

@@ -1,4 +1,5 @@
-"""TrainingPanel: buttons over `core.loop.TrainingLoop`, with live progress, a RewardPlot and a GroupView.
+"""TrainingPanel: buttons over `core.loop.TrainingLoop`, with live progress, a RewardPlot, an OffPolicyPlot (policy
+lag and importance-ratio spread per step) and a GroupView.
 
 The panel decides nothing: buttons call the loop's phases as background tasks (`widgets.background`), and
 the loop's events move the bars, the labels and the button states. So the kernel stays free while a step
@@ -22,6 +23,7 @@ from ..core.loop import LoopEvent, Rollout, Scenarios, Scorer, TrainingLoop
 from ..core.model import TrainableModel
 from .background import Background
 from .group_view import GroupView
+from .off_policy_plot import OffPolicyPlot
 from .reward_plot import RewardPlot
 
 PHASE_TEXT = {"idle": "idle", "gather": "gathering rollouts", "score": "scoring groups", "train": "training"}
@@ -92,6 +94,7 @@ class TrainingPanel(widgets.VBox):
         self.engine = "…"
         self.note = ""
         self.plot = RewardPlot(model, metric=metric)
+        self.off_policy = OffPolicyPlot(model)
         self.group_view = GroupView()
 
         self.gather_button.on_click(lambda _: self._start(self.loop.gather()))
@@ -118,7 +121,9 @@ class TrainingPanel(widgets.VBox):
                 widgets.HBox([self.train_bar, self.train_text]),
             ]
         )
-        super().__init__([self.status, buttons, bars, self.output, self.plot, self.group_view])
+        super().__init__(
+            [self.status, buttons, bars, self.output, self.plot, self.off_policy, self.group_view]
+        )
         self.add_class("artnb-training-panel")
         self._update_controls()
         self._render_status()
@@ -159,6 +164,7 @@ class TrainingPanel(widgets.VBox):
                 await self.model.get_step()
             )  # through the backend: a remote run has no local checkpoints
         self.plot.refresh()
+        self.off_policy.refresh()
         self._render_status()
 
     # events -------------------------------------------------------------------------------------------
@@ -178,6 +184,7 @@ class TrainingPanel(widgets.VBox):
                 self._step = event.result.step
             self.train_bar.bar_style = "success"
             self.plot.refresh()
+            self.off_policy.refresh()
             metrics = event.result.metrics if event.result else {}
             loss = metrics.get(names.LOSS)
             if event.result is not None and event.result.skipped:

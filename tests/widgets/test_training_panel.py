@@ -54,6 +54,8 @@ async def test_gather_score_train_from_buttons(served):
     assert panel.step == start + 1 and f"step <b>{start + 1}</b>" in panel.status.value
     assert panel.train_bar.value == 1.0 and panel.train_bar.bar_style == "success"
     assert sum(panel.plot.points.values()) == points + 1
+    assert len(panel.off_policy.metrics["train/ratio_std"]) == start + 1  # the ratio spread of every step
+    assert "train/steps_off_policy" not in panel.off_policy.metrics  # a synchronous loop has no lag to show
     assert f"trained step {start + 1}" in panel.status.value and "not trained" not in panel.status.value
     assert f"serving widgets at step {start + 1}" in panel.status.value
     assert panel.output.outputs == ()

@@ -74,6 +74,7 @@ class _Sums:
     kl: float = 0.0
     clip_fraction: float = 0.0
     ratio_mean: float = 0.0
+    ratio_square_mean: float = 0.0
     mismatch_sum: float = 0.0
     mismatch_count: int = 0
 
@@ -84,6 +85,7 @@ class _Sums:
         self.kl += metrics.get("kl", 0.0) * share
         self.clip_fraction += metrics.get("clip_fraction", 0.0) * share
         self.ratio_mean += metrics.get("ratio_mean", 0.0) * share
+        self.ratio_square_mean += metrics.get("ratio_square_mean", 0.0) * share
         sampled = batch.old_logprobs if batch.sampled_logprobs is None else batch.sampled_logprobs
         known = batch.mask & ~torch.isnan(sampled)
         self.mismatch_sum += (new - sampled)[known].abs().sum().item()
@@ -106,6 +108,7 @@ class _Sums:
             "grad_norm": grad_norm,
             "clip_fraction": self.clip_fraction,
             "ratio_mean": self.ratio_mean,
+            "ratio_std": math.sqrt(max(self.ratio_square_mean - self.ratio_mean**2, 0.0)),
             "num_trainable_tokens": float(self.denominator),
             "num_sequences": float(num_sequences),
             "num_micro_batches": float(num_micro_batches),
