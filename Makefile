@@ -38,13 +38,14 @@ demo: $(CORE)
 
 # Two pytest workers, each taking whole files (a file's engines and fixtures stay in one process): the suite is
 # mostly waiting on engine starts and child processes, so two overlap well on 2 cores. TEST_WORKERS=0: one process.
+# Files go out in collection order, the tutorials' file first (tests/conftest.py): it is the longest.
 # OMP_WAIT_POLICY=PASSIVE: the workers' processes (kernels, trainers, engines) each run torch's OpenMP threads on
 # the same 2 cores, and threads spinning at a barrier starve the others. Measured: two tutorials side by side took
 # 253 s and 262 s with the default policy, 79 s and 108 s passive (one alone: 55 s either way). Not artnb's default
 # for users: alone, the HF engine decodes 8x64 tokens at 49 tok/s by default and 38 tok/s passive.
 TEST_WORKERS ?= 2
 test: install
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check artnb tests benchmarks

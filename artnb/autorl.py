@@ -30,7 +30,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -473,6 +473,38 @@ async def evaluate(
     judge: anything `art.ruler_score_group` takes (a litellm string, an `art.Model`, `art.LocalJudge()`).
     A scenario whose group the judge cannot score is left out of the table (a warning is logged).
     """
+
+    async def answer(target: Model, step: int | None, scenario: Scenario) -> Trajectory:
+        return await rollout(
+            target,
+            scenario,
+            system_prompt=system_prompt,
+            step=step,
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+
+    return await judge_side_by_side(
+        model, scenarios, judge, answer, policies=policies, samples=samples, rubric=rubric
+    )
+
+
+Answer = Callable[[Model, int | None, Any], Awaitable[Trajectory]]
+
+
+async def judge_side_by_side(
+    model: TrainableModel,
+    scenarios: Sequence[Any],
+    judge: str | Model | LocalJudge,
+    answer: Answer,
+    *,
+    policies: Mapping[str, Policy] | None = None,
+    samples: int = 1,
+    rubric: str = DEFAULT_RUBRIC,
+) -> Evaluation:
+    """What `evaluate` does, for any rollout: `answer(target, step, scenario)` plays one scenario (anything with
+    a `task`) with a model (and a step of it, or None) and returns the trajectory whose last message is judged.
+    Every policy's answers to a scenario go to the judge in ONE group (see `evaluate`)."""
     scenarios = list(scenarios)
     if not scenarios:
         raise ValueError("evaluate() needs at least one held-out scenario")
@@ -482,25 +514,16 @@ async def evaluate(
     if not policies:
         raise ValueError("policies is empty: pass e.g. {'base': model.as_base_model(), 'trained': None}")
 
-    async def answer(label: str, policy: Policy, scenario: Scenario, sample: int) -> Trajectory:
+    async def one(label: str, policy: Policy, scenario: Any, sample: int) -> Trajectory:
         target, step = (policy, None) if isinstance(policy, Model) else (model, policy)
-        traj = await rollout(
-            target,
-            scenario,
-            system_prompt=system_prompt,
-            step=step,
-            temperature=temperature,
-            max_tokens=max_tokens,
-        )
-        traj.metadata.update(policy=label, sample=sample)
+        traj = await answer(target, step, scenario)
+        traj.metadata.update(scenario=scenario.task, policy=label, sample=sample)
         return traj
 
     groups = await gather_trajectory_groups(
         (
             TrajectoryGroup(
-                answer(label, policy, scenario, i)
-                for label, policy in policies.items()
-                for i in range(samples)
+                one(label, policy, scenario, i) for label, policy in policies.items() for i in range(samples)
             )
             for scenario in scenarios
         ),

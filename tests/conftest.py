@@ -19,3 +19,10 @@ def _costs_stay_in_their_test():
 
     costs.shared.drain()
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tutorials first. `make test`'s two workers take whole files in collection order
+    (`--no-loadscope-reorder`), and tests/notebooks is the longest file by far (nine notebooks, about 20 minutes):
+    started first, it runs beside everything else; started late, it would run on alone at the end."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/notebooks/"))  # stable: the rest keep order

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from .gather import gather_trajectories
-from .intervals import Interval, bootstrap_mean
+from .intervals import MIN_VALUES_FOR_A_VERDICT, Interval, bootstrap_mean
 from .model import Model
 from .trajectory import Trajectory
 
@@ -208,7 +208,8 @@ def compare_evaluation(
     confidence: float = 0.95,
 ) -> pd.DataFrame:
     """One row per metric: the baseline's and the model's means with their intervals, and the paired difference
-    (model - baseline) with its interval; `shown` says whether that interval excludes 0.
+    (model - baseline) with its interval; `shown` says whether that interval excludes 0 and rests on at least
+    MIN_VALUES_FOR_A_VERDICT (6) scenarios (fewer cannot establish a sign, however narrow the interval looks).
 
     >>> art.compare_evaluation(table, ["reward", "win"])   # base vs trained on the same scenarios
     """
@@ -231,7 +232,7 @@ def compare_evaluation(
                 "high": diff.high,
                 "scenarios": diff.n,
                 "runs": diff.runs,
-                "shown": diff.excludes(0.0),
+                "shown": diff.establishes(0.0),
             }
         )
     return pd.DataFrame(rows).set_index("metric")
@@ -247,6 +248,11 @@ def format_comparison(comparison: pd.DataFrame) -> str:
             f"{row[label]:.3f} [{row[f'{label} low']:.3f}, {row[f'{label} high']:.3f}]" for label in labels
         ]
         diff = f"{row['difference']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]"
-        verdict = "shown" if row["shown"] else "not shown (interval holds 0)"
+        if row["shown"]:
+            verdict = "shown"
+        elif row["scenarios"] < MIN_VALUES_FOR_A_VERDICT:
+            verdict = f"not shown (too few scenarios: {int(row['scenarios'])} < {MIN_VALUES_FOR_A_VERDICT})"
+        else:
+            verdict = "not shown (interval holds 0)"
         lines.append(f"{metric:<18}" + "".join(f"{c:>{width + 8}}" for c in cells) + f"{diff:>26}  {verdict}")
     return "\n".join(lines)

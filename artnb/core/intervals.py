@@ -23,6 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 RESAMPLES = 10_000  # the percentiles of 10k resamples move by well under 1% of the interval between seeds
+# A bootstrap of n equal differences is the zero-width interval [d, d] for any n, so below some n the interval
+# cannot establish a sign. 6: the fewest values at which even a unanimous sign is significant at 5% two-sided
+# (sign test: 2 * 0.5**6 = 0.031; with 5 it is 0.0625).
+MIN_VALUES_FOR_A_VERDICT = 6
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,13 @@ class Interval:
     confidence: float = 0.95
 
     def excludes(self, value: float = 0.0) -> bool:
-        """True when `value` lies outside the interval: for a difference, the sign is established."""
+        """True when `value` lies outside the interval."""
         return value < self.low or value > self.high
+
+    def establishes(self, value: float = 0.0) -> bool:
+        """True when the interval excludes `value` and rests on enough values to say so
+        (MIN_VALUES_FOR_A_VERDICT): for a difference, its sign is established."""
+        return self.n >= MIN_VALUES_FOR_A_VERDICT and self.excludes(value)
 
     def __str__(self) -> str:
         return f"{self.mean:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"

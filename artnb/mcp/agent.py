@@ -34,11 +34,13 @@ async def run_agent(
     step: int | None = None,
     system_prompt: str = SYSTEM,
     tool_choice: str | dict[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
 ) -> Trajectory:
     """One rollout of `task` against an open server connection (`async with art.mcp.connect(...)`).
 
     tool_choice: sent with every turn when given ("required" makes each turn a call, e.g. for a model that has
-    not learnt to call tools yet; the rollout then ends after `max_turns`).
+    not learnt to call tools yet; the rollout then ends after `max_turns`). parallel_tool_calls=False: at most
+    one call per turn (sent when given).
     """
     if max_turns < 1:
         raise ValueError(f"max_turns={max_turns}: allow the agent at least one turn")
@@ -60,6 +62,7 @@ async def run_agent(
             max_tokens=max_tokens,
             temperature=temperature,
             **({"tool_choice": tool_choice} if tool_choice is not None else {}),
+            **({"parallel_tool_calls": parallel_tool_calls} if parallel_tool_calls is not None else {}),
         )
         choice = completion.choices[0]
         trajectory.messages_and_choices.append(choice)

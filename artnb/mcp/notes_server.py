@@ -89,7 +89,12 @@ def build(db: sqlite3.Connection):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", type=Path, required=True, help="the SQLite file (created if missing)")
+    parser.add_argument(
+        "--db",
+        type=Path,
+        required=True,
+        help="the SQLite file (created if missing), or :memory: for a fresh database each run",
+    )
     parser.add_argument("--seed", action="store_true", help="fill an empty database with a few notes")
     parser.add_argument("--pid-file", type=Path, help="write this process's id here")
     options = parser.parse_args()

@@ -43,12 +43,19 @@ class ScenarioDraft:
     def __init__(self, scenarios: Iterable[Scenario | str] = ()) -> None:
         self.rows: list[DraftRow] = []
         for s in scenarios:
-            if isinstance(s, Scenario):
-                self.rows.append(DraftRow(s.task, s.difficulty))
-            elif isinstance(s, str):
+            if isinstance(s, str):
                 self.rows.append(DraftRow(s))
+            elif isinstance(getattr(s, "task", None), str) and isinstance(
+                getattr(s, "difficulty", None), int
+            ):
+                self.rows.append(
+                    DraftRow(s.task, s.difficulty)
+                )  # AutoRL's Scenario, art.mcp's GeneratedScenario
             else:
-                raise TypeError(f"scenarios are art Scenario objects or strings, got {type(s).__name__}")
+                raise TypeError(
+                    f"scenarios are strings or objects with a task and a difficulty (AutoRL's or art.mcp's), "
+                    f"got {type(s).__name__}"
+                )
 
     def __len__(self) -> int:
         return len(self.rows)

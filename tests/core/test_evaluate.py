@@ -99,7 +99,7 @@ def test_several_runs_make_the_interval_cover_the_runs():
 
 
 def test_the_comparison_table_and_its_text():
-    table = games([("base", s, 0.0) for s in range(4)] + [("trained (step 3)", s, 1.0) for s in range(4)])
+    table = games([("base", s, 0.0) for s in range(6)] + [("trained (step 3)", s, 1.0) for s in range(6)])
     comparison = art.compare_evaluation(table, ["reward"])
     row = comparison.loc["reward"]
     assert (row["base"], row["trained (step 3)"], row["difference"], bool(row["shown"])) == (
@@ -111,6 +111,10 @@ def test_the_comparison_table_and_its_text():
     text = art.format_comparison(comparison).splitlines()
     assert text[0].split() == ["metric", "base", "trained", "(step", "3)", "difference"]
     assert text[1].split()[0] == "reward" and text[1].endswith("+1.000 [+1.000, +1.000]  shown")
+    # the same unanimous gain on 5 scenarios: a zero-width interval, yet too few scenarios to establish a sign
+    few = art.compare_evaluation(table[table["scenario"] < 5], ["reward"])
+    assert few.loc["reward", "low"] == 1.0 and not few.loc["reward", "shown"]
+    assert art.format_comparison(few).endswith("not shown (too few scenarios: 5 < 6)")
 
 
 def test_a_comparison_names_what_is_missing():

@@ -31,6 +31,8 @@ PICTURES = {
     "temporal_clue": (".artnb-trained-tokens", 0),  # one answer's tokens as the trainer sees them
     "art_e": (".artnb-ruler-comparison", 0),  # the planted-answer reward beside RULER's
     "auto_rl": (".artnb-scenario-editor", 0),  # the generated scenarios, editable
+    "mcp_rl": (".artnb-group-view", 0),  # agent runs: tool calls and the server's replies
+    "langgraph_agent": (".artnb-group-view", 0),  # one run of the graph as the trainer sees it
 }
 PANELS = [
     ".artnb-training-panel",
@@ -53,7 +55,10 @@ def quick_mode_env(monkeypatch):
 
 
 def test_every_tutorial_is_tested():
-    tutorials = {"tic_tac_toe", "2048", "codenames", "reward_debugging", "temporal_clue", "art_e", "auto_rl"}
+    tutorials = {
+        *("tic_tac_toe", "2048", "codenames", "reward_debugging", "temporal_clue", "art_e", "auto_rl"),
+        *("mcp_rl", "langgraph_agent"),
+    }
     assert {p.stem for p in NOTEBOOKS} == tutorials
     assert set(PICTURES) == {p.stem for p in NOTEBOOKS}
 

@@ -50,8 +50,13 @@ def test_draft_errors_name_the_problem():
         draft.delete(0)
     with pytest.raises(ValueError, match="no scenarios left"):
         _ = draft.scenarios
-    with pytest.raises(TypeError, match="Scenario objects or strings"):
+    with pytest.raises(TypeError, match="strings or objects with a task and a difficulty"):
         ScenarioDraft([42])
+    from artnb.mcp import GeneratedScenario  # MCP·RL's scenarios are edited the same way
+
+    assert (
+        ScenarioDraft([GeneratedScenario(task="List my notes.", difficulty=2)]).scenarios[0].difficulty == 2
+    )
 
 
 def test_editor_widgets_write_through_to_the_draft():
