@@ -34,7 +34,7 @@ _model: ContextVar[Model | None] = ContextVar("artnb_langgraph_model", default=N
 
 
 def init_chat_model(
-    model: Model | None = None,
+    model: Model | str | None = None,
     *,
     model_provider: str | None = None,
     configurable_fields: Any = None,
@@ -43,7 +43,8 @@ def init_chat_model(
 ) -> Any:
     """A LangChain `ChatOpenAI` that calls `model` (by default the model of the enclosing `wrap_rollout`).
 
-    `kwargs` go to ChatOpenAI (`max_tokens`, `seed`, `timeout`...); temperature defaults to 1.0, the sampling
+    A string (ART's notebooks pass `model.get_inference_name()`) names what to request, e.g. `"agent@3"`, from
+    the enclosing `wrap_rollout`'s model. `kwargs` go to ChatOpenAI (`max_tokens`, `seed`, `timeout`...); temperature defaults to 1.0, the sampling
     the policy is trained under. `model_provider`, `configurable_fields` and `config_prefix` are LangChain's
     `init_chat_model` arguments, accepted for ART's calls and ignored: the provider is the policy's engine.
     """
@@ -53,19 +54,22 @@ def init_chat_model(
         raise ImportError(
             "art.langgraph needs LangChain's OpenAI chat model: pip install 'artnb[langgraph]'"
         ) from error
-    if model is None:
+    name = model if isinstance(model, str) else None
+    if model is None or name is not None:
         model = _model.get()
     if model is None:
         raise RuntimeError(
-            "init_chat_model() without a model must run inside a rollout wrapped by "
+            f"init_chat_model({'' if name is None else repr(name)}) must run inside a rollout wrapped by "
             "art.langgraph.wrap_rollout(model, rollout); or pass the model: init_chat_model(model)"
         )
     if not isinstance(model, Model):
-        raise TypeError(f"init_chat_model takes an art.Model or TrainableModel, got {type(model).__name__}")
+        raise TypeError(
+            f"init_chat_model takes an art.Model, a TrainableModel or a served model's name, got {type(model).__name__}"
+        )
     client = model.openai_client()  # raises with the fix when the model is not registered
     return ChatOpenAI(
         **{
-            "model": model.get_inference_name(),
+            "model": name or model.get_inference_name(),
             "base_url": str(client.base_url),
             "api_key": client.api_key,
             "temperature": 1.0,

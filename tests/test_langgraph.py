@@ -116,7 +116,16 @@ async def test_a_langgraph_run_is_one_trajectory_of_the_sampled_tokens(policy, t
 async def test_init_chat_model_outside_a_wrapped_rollout_says_what_to_do(policy):
     with pytest.raises(RuntimeError, match="wrap_rollout"):
         init_chat_model()
+    with pytest.raises(RuntimeError, match="init_chat_model\\('base'\\) must run inside"):
+        init_chat_model("base")
     assert init_chat_model(policy).model_name == "base"
+
+    async def arts_call() -> (
+        float
+    ):  # ART's notebook: init_chat_model(model.get_inference_name(), temperature=1.0)
+        return float(init_chat_model(policy.get_inference_name(), temperature=1.0).model_name == "base")
+
+    assert (await wrap_rollout(policy, arts_call)()).reward == 1.0
     group = await art.gather_trajectory_groups(
         [art.TrajectoryGroup(wrap_rollout(policy, rollout)() for _ in range(2))], pbar_desc=None
     )

@@ -12,6 +12,8 @@ for: no import, no network). A reporter that fails warns once and is never allow
 from __future__ import annotations
 
 import importlib
+import math
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,7 +23,7 @@ from ..core.ignored import warn_user
 
 if TYPE_CHECKING:
     from ..core.model import Model
-    from ..core.trajectory import TrajectoryGroup
+    from ..core.trajectory import Trajectory, TrajectoryGroup
 
 # module:function giving each integration's reporter for a model, or None
 FACTORIES = (
@@ -46,6 +48,29 @@ class Reporter(Protocol):
         """`client` (an AsyncOpenAI) was made for `model`: hook its requests if this reporter traces them."""
 
     def close(self) -> None: ...
+
+
+_NOT_METRICS = {"step", "split", "recorded_at", "commit"}
+
+
+def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """The values of a history row a tracker plots: finite numbers, without the row's step/split/commit fields."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k not in _NOT_METRICS and isinstance(v, (int, float)) and math.isfinite(v)
+    }
+
+
+def sample_trajectories(
+    step: int, groups: Sequence[TrajectoryGroup], limit: int
+) -> list[tuple[int, int, Trajectory]]:
+    """(group index, index in group, trajectory) of up to `limit` trajectories, sampled with the step as seed
+    (a rerun of the step picks the same ones)."""
+    items = [(g, i, t) for g, group in enumerate(groups) for i, t in enumerate(group.trajectories)]
+    if len(items) > limit:
+        items = sorted(random.Random(step).sample(items, limit), key=lambda x: (x[0], x[1]))
+    return items
 
 
 def reporters(model: Model) -> list[Reporter]:

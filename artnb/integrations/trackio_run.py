@@ -15,7 +15,6 @@ a failure warns once and Trackio is dropped for the rest of the run.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ..core.ignored import warn_user
-from .wandb_run import run_config, sample_trajectories
+from . import numeric_metrics, sample_trajectories
+from .wandb_run import run_config
 
 if TYPE_CHECKING:
     from ..core.model import Model
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 TRACES = 32  # trajectories per logged batch, sampled with the step as seed (as the W&B table)
 CLOSE_TIMEOUT_S = 60.0
-_NOT_METRICS = {"step", "split", "recorded_at", "commit"}
 
 
 def reporter_for(model: Model) -> TrackioReporter | None:
@@ -69,11 +68,7 @@ class TrackioReporter:
         if self._failed:
             return
         step, split = int(row["step"]), str(row.get("split", "train"))
-        data = {
-            k: float(v)
-            for k, v in row.items()
-            if k not in _NOT_METRICS and isinstance(v, (int, float)) and math.isfinite(v)
-        }
+        data = numeric_metrics(row)
         traces = [
             (
                 t.messages(),

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import queue
-import random
 import re
 import sys
 import threading
@@ -34,16 +32,16 @@ from pydantic import BaseModel
 
 from ..core import metrics as names
 from ..core.ignored import warn_user
+from . import numeric_metrics, sample_trajectories
 
 if TYPE_CHECKING:
     from ..core.model import Model
-    from ..core.trajectory import Trajectory, TrajectoryGroup
+    from ..core.trajectory import TrajectoryGroup
 
 TABLE_ROWS = 32  # trajectories per logged batch in the W&B table (a fixed-seed sample of larger batches)
 INIT_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 60.0  # how long close() waits for W&B to write what it holds
 STEP_METRIC = names.STEP_AXIS
-_NOT_METRICS = {"step", "split", "recorded_at", "commit"}
 
 
 def enabled(model: Model) -> bool:
@@ -100,10 +98,7 @@ class WandbReporter:
         if self._failed:
             return
         step, split = int(row["step"]), str(row.get("split", "train"))
-        data: dict[str, Any] = {STEP_METRIC: step}
-        for key, value in row.items():
-            if key not in _NOT_METRICS and isinstance(value, (int, float)) and math.isfinite(value):
-                data[key] = float(value)
+        data: dict[str, Any] = {STEP_METRIC: step, **numeric_metrics(row)}
         table = _table_rows(step, split, groups) if groups else None
         checkpoint = None
         if split == "train" and model.trainable and row.get("commit"):
@@ -174,16 +169,6 @@ def _table_rows(step: int, split: str, groups: Sequence[TrajectoryGroup]) -> lis
         [step, split, g, i, float(t.reward), json.dumps(t.metrics, default=str), _conversation(t.messages())]
         for g, i, t in sample_trajectories(step, groups, TABLE_ROWS)
     ]
-
-
-def sample_trajectories(
-    step: int, groups: Sequence[TrajectoryGroup], limit: int
-) -> list[tuple[int, int, Trajectory]]:
-    """(group index, index in group, trajectory) of up to `limit` trajectories, sampled with the step as seed."""
-    items = [(g, i, t) for g, group in enumerate(groups) for i, t in enumerate(group.trajectories)]
-    if len(items) > limit:
-        items = sorted(random.Random(step).sample(items, limit), key=lambda x: (x[0], x[1]))
-    return items
 
 
 def _conversation(messages: list[dict[str, Any]]) -> str:

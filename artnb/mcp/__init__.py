@@ -16,7 +16,11 @@ driven by the official `mcp` SDK (`pip install 'artnb[mcp]'`).
 from .agent import run_agent
 from .connection import MCPConnection, MCPServerError, ToolResult, connect, list_tools, python_server
 from .evaluate import evaluate
-from .scenarios import describe_server, generate_scenarios, preview_scenarios
+from .generate_scenarios import (  # rebinds the name: the function
+    describe_server,
+    generate_scenarios,
+    preview_scenarios,
+)
 from .types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
 
 __all__ = [
