@@ -151,30 +151,18 @@ class PipelineTrainer:
             raise TypeError(
                 "rollout_fn must be `async def rollout_fn(model, scenario, config) -> TrajectoryGroup`"
             )
-        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = (
-            model,
-            backend,
-            rollout_fn,
-            config,
-            eval_fn,
-        )
-        self.scenarios = scenarios
-        self.num_rollout_workers, self.min_batch_size, self.max_batch_size = (
-            num_rollout_workers,
-            min_batch_size,
-            max_batch_size,
-        )
-        self.max_steps_off_policy, self.queue_maxsize, self.max_steps = (
-            max_steps_off_policy,
-            queue_maxsize,
-            max_steps,
-        )
-        self.total_scenarios, self.eval_every_n_steps, self.eval_at_start, self.resume = (
-            total_scenarios,
-            eval_every_n_steps,
-            eval_at_start,
-            resume,
-        )
+        self.model, self.backend, self.rollout_fn, self.eval_fn = model, backend, rollout_fn, eval_fn
+        self.scenarios, self.config = scenarios, config
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
+        self.max_steps_off_policy = max_steps_off_policy
+        self.queue_maxsize = queue_maxsize
+        self.max_steps = max_steps
+        self.eval_every_n_steps, self.eval_at_start = eval_every_n_steps, eval_at_start
+        self.resume = resume
+        # ART's status-line and retention knobs (discard_queue_multiplier, log_interval_seconds,
+        # status_ewa_alpha, total_scenarios, checkpoint_retention_interval): a progress bar and kept checkpoints
+        # replace them here
         options: dict[str, Any] = {
             "normalize_advantages": normalize_advantages,
             "loss_fn_config": loss_fn_config,
@@ -363,9 +351,8 @@ class _Run:
                     self.ready.append(_Finished(index, group, first))
                     self.failures_in_a_row = 0
                 else:
-                    fatal = isinstance(
-                        error, TypeError
-                    )  # rollout_fn returns the wrong thing: every call will
+                    # a TypeError: rollout_fn returns the wrong thing, and every call will
+                    fatal = isinstance(error, TypeError)
                     self._rollout_failed(index, error or _no_trajectories(group), fatal)
                 self.cond.notify_all()
 
@@ -416,17 +403,22 @@ class _Run:
             except NothingToTrainError as error:
                 warn_user(f"artnb: PipelineTrainer: a batch had nothing to train on ({error}); it is skipped")
                 result = None
-            finally:
+            except BaseException:
                 async with self.cond:
                     self.training = False
                     self.cond.notify_all()
+                raise
+            async with (
+                self.cond
+            ):  # the new policy and the end of training at once: the bound never sees one alone
+                self.training = False
+                if result is not None:
+                    self.version = result.step
+                self.cond.notify_all()
             for f in batch:
                 self._finish(f.index)
             if result is None:
                 continue
-            async with self.cond:
-                self.version = result.step
-                self.cond.notify_all()
             self.step_started = time.monotonic()
             self.summary.steps += 1
             self.summary.groups_trained += len(batch)

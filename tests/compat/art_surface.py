@@ -67,7 +67,12 @@ SURFACE: list[tuple[str, str, str, str]] = [
         "AutoRL's generator; generator_model may be an art.Model (offline)",
     ),
     ("artnb.mcp", "preview_scenarios", "same", ""),
-    ("artnb.mcp.generate_scenarios", "preview_scenarios", "same", "ART's MCP·RL notebook imports it from here"),
+    (
+        "artnb.mcp.generate_scenarios",
+        "preview_scenarios",
+        "same",
+        "ART's MCP·RL notebook imports it from here",
+    ),
     ("artnb.mcp", "MCPTool", "same", ""),
     ("artnb.mcp", "MCPResource", "same", ""),
     (
