@@ -15,6 +15,7 @@ a failure warns once and Trackio is dropped for the rest of the run.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,13 @@ CLOSE_TIMEOUT_S = 60.0
 
 
 def reporter_for(model: Model) -> TrackioReporter | None:
-    return TrackioReporter(model) if "trackio" in (model.report_metrics or ()) else None
+    if "trackio" not in (model.report_metrics or ()):
+        return None
+    if importlib.util.find_spec("trackio") is None:
+        raise ImportError(
+            "report_metrics=['trackio'] needs the trackio package: pip install 'artnb[trackio]'"
+        )
+    return TrackioReporter(model)
 
 
 class TrackioReporter:
