@@ -1,13 +1,17 @@
 """Is the HF engine's dynamic batching as fast as one `model.generate` call?
 
-Eight chat requests sent in parallel through the OpenAI client to the HF engine (running the embedded
-SmolLM2-135M) against one `generate` call on the same eight prompts, both sampling 64 tokens at temperature 1
-(EOS masked until then, so both do the same work); the same for a single request. The engine must reach 90%
-of `generate` at batch 8: HTTP, scheduling, per-row sampling and logprobs all fit in the other 10%.
-Runs are interleaved and the best of `--repeats` is kept, because a shared CPU makes single runs noisy.
+N chat requests sent in parallel through the OpenAI client to the HF engine against one `generate` call on
+the same N prompts, both sampling 64 tokens at temperature 1 (EOS masked until then, so both do the same
+work). Runs are interleaved and the best of `--repeats` is kept, because a shared CPU makes single runs noisy.
 The engine runs with OMP_WAIT_POLICY=PASSIVE (HFEngine's default), `generate` with this process's setting.
 
-    python benchmarks/engine_batching.py [--repeats 3] [--tokens 64]
+- `--model embedded` (default; batches 8 and 1): the embedded SmolLM2-135M. Target: the engine >= 0.9x
+  `generate` at 8: HTTP, scheduling, sampling and logprobs all fit in the other 10%.
+- `--model tiny` (batches 64 and 8): `artnb.models.tiny()`, 2 layers of width 64, whose compute is negligible,
+  so tokens/s measure the serving code itself: HTTP, scheduling, the sampler, host copies. Target (issue 25):
+  >= 0.95x `generate` at 64 parallel.
+
+    python benchmarks/engine_batching.py [--model embedded|tiny] [--batches 8,1] [--repeats 3] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
 from artnb.backends.engines.process import HFEngine  # noqa: E402
-from artnb.models import embedded_model_path  # noqa: E402
+from artnb.models import embedded_model_path, tiny  # noqa: E402
 
 TOPICS = [
     "a cat",
@@ -43,7 +47,16 @@ TOPICS = [
 
 
 def conversations(batch: int) -> list[list[dict[str, str]]]:
-    return [[{"role": "user", "content": f"Write a short story about {topic}."}] for topic in TOPICS[:batch]]
+    """`batch` different prompts of similar length (the topics, then numbered)."""
+    return [
+        [
+            {
+                "role": "user",
+                "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}, part {i // 8 + 1}.",
+            }
+        ]
+        for i in range(batch)
+    ]
 
 
 def generate_tokens_per_s(model, tokenizer, batch: int, tokens: int) -> float:
@@ -90,12 +103,17 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--model", choices=["embedded", "tiny"], default="embedded")
+    parser.add_argument("--batches", help="parallel requests, comma-separated (embedded: 8,1; tiny: 64,8)")
     args = parser.parse_args()
+    batches = [int(b) for b in (args.batches or ("8,1" if args.model == "embedded" else "64,8")).split(",")]
     load_before = os.getloadavg()[0]
-    path = str(embedded_model_path())
+    path = str(embedded_model_path()) if args.model == "embedded" else tiny()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    engine = HFEngine(path, "smol", tempfile.mkdtemp(prefix="artnb-bench-"), device="cpu")
+    engine = HFEngine(
+        path, "smol", tempfile.mkdtemp(prefix="artnb-bench-"), device="cpu", max_batch_size=max(batches)
+    )
     await engine.start()
     client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
     try:
@@ -103,7 +121,7 @@ async def main() -> None:
         generate_tokens_per_s(model, tokenizer, 8, 4)
         best: dict[tuple[str, int], float] = {}
         for _ in range(args.repeats):
-            for batch in (8, 1):
+            for batch in batches:
                 runs = {
                     ("generate", batch): generate_tokens_per_s(model, tokenizer, batch, args.tokens),
                     ("engine", batch): await engine_tokens_per_s(client, batch, args.tokens),
@@ -113,13 +131,14 @@ async def main() -> None:
     finally:
         await engine.stop()
     print(
-        f"\n{args.tokens} new tokens per request, temperature 1, best of {args.repeats}, torch threads {torch.get_num_threads()}"
+        f"\nmodel {args.model}: {args.tokens} new tokens per request, temperature 1, best of {args.repeats}, "
+        f"torch threads {torch.get_num_threads()}"
     )
     print(
         f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes skew results)"
     )
     print(f"{'method':<42} {'tokens/s':>9} {'ratio':>7}")
-    for batch in (8, 1):
+    for batch in batches:
         baseline = best[("generate", batch)]
         rows = [
             (f"model.generate, batch {batch}", baseline),

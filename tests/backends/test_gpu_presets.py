@@ -9,7 +9,15 @@ import torch
 import artnb as art
 from artnb import models
 from artnb.backends import gpu_presets
-from artnb.backends.gpu_presets import CARDS, QWEN2_5, GPUPreset, ModelShape, card_from_device, choose_preset
+from artnb.backends.gpu_presets import (
+    CARDS,
+    QWEN2_5,
+    GPUPreset,
+    ModelShape,
+    card_from_device,
+    choose_preset,
+    peft_needs_checkpointing,
+)
 from artnb.dev.settings import resolve_internal_config
 
 GIB = 2**30
@@ -250,3 +258,12 @@ def test_the_tutorial_settings_pick_no_preset_on_a_cpu(monkeypatch):
     on_gpu = art.tutorial.Settings(gpu=choose_preset(CARDS["T4"], QWEN2_5["1.5B"]))
     assert on_gpu.train_config().micro_batch_tokens == on_gpu.gpu.micro_batch_tokens
     assert isinstance(on_gpu.backend().gpu_preset, GPUPreset)
+
+
+def test_peft_on_a_gpu_checkpoints_when_a_presets_micro_batch_would_not_fit():
+    """PeftTrainer kept 65.9 GiB of activations for Qwen2.5-1.5B at 16384-token micro-batches on an H200."""
+    shape = QWEN2_5["1.5B"]
+    assert 3.5e6 < shape.activation_bytes_per_token_kept() < 4.5e6  # measured: 4.0 MB per token
+    assert peft_needs_checkpointing(shape, 16384, free_bytes=75 * 2**30)
+    assert not peft_needs_checkpointing(shape, 4096, free_bytes=75 * 2**30)
+    assert not peft_needs_checkpointing(QWEN2_5["0.5B"], 16384, free_bytes=130 * 2**30)

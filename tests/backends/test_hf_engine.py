@@ -362,6 +362,19 @@ async def test_concurrent_requests_share_batches(engine, client):
     assert after["batches"] - before["batches"] <= 2
 
 
+async def test_a_request_joins_the_running_batch_and_is_answered_before_it_ends(engine, client):
+    before = await engine.stats()
+    long = asyncio.create_task(chat(client, max_tokens=400, extra_body={"min_tokens": 400}))
+    while (await engine.stats())["running"] == 0:
+        await asyncio.sleep(0.01)
+    short = await chat(client, max_tokens=4, extra_body={"min_tokens": 4})
+    assert short.usage.completion_tokens == 4
+    assert not long.done(), "the short request waited for the long one"
+    during = await engine.stats()
+    assert during["joined_rows"] - before["joined_rows"] == 1 and during["batches"] == before["batches"]
+    assert (await long).usage.completion_tokens == 400
+
+
 async def test_a_client_leaving_a_stream_cancels_its_row(engine, client):
     before = await engine.stats()
     stream = await chat(client, max_tokens=1500, extra_body={"min_tokens": 1500}, stream=True)

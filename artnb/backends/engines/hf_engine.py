@@ -57,9 +57,9 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -150,6 +150,9 @@ class HFServer:
         self.adapters: OrderedDict[str, _Adapter] = OrderedDict()  # oldest-loaded first
         self._adapter_count = 0
         self._model_lock = threading.Lock()
+        self._waiters_lock = threading.Lock()
+        self._model_waiters = 0  # callers waiting for the model lock: a running batch takes no new rows then
+        self.max_batch_size = max_batch_size
         self.context_length = getattr(self.base.config, "max_position_embeddings", None) or 2048
         eos = self.base.generation_config.eos_token_id
         eos = [self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]
@@ -162,6 +165,21 @@ class HFServer:
         # The compiler reads the vocabulary on first use, in another thread: give it its own tokenizer.
         self.grammars = GrammarCompiler(copy.deepcopy(self.tokenizer), vocab_size, self.eos_ids)
         self.scheduler = Scheduler(self.resolve, self.run_batch, max_batch_size)
+
+    @contextmanager
+    def _using_model(self) -> Iterator[None]:
+        """The model lock, with the wait counted, so that a batch taking new rows lets an adapter change in."""
+        with self._waiters_lock:
+            self._model_waiters += 1
+        try:
+            self._model_lock.acquire()
+        finally:
+            with self._waiters_lock:
+                self._model_waiters -= 1
+        try:
+            yield
+        finally:
+            self._model_lock.release()
 
     def served_names(self) -> list[str]:
         return [self.served_name, *self.adapters]
@@ -197,8 +215,16 @@ class HFServer:
         except EngineError:
             return False
 
-    def run_batch(self, name: str, rows: list[Row]) -> None:
-        with self._model_lock:
+    def run_batch(
+        self,
+        name: str,
+        rows: list[Row],
+        more: Callable[[int], list[Row]] | None = None,
+        on_finish: Callable[[Row], None] | None = None,
+    ) -> None:
+        """Decode `rows` on model `name`; rows of the same model join from `more` while no adapter change waits
+        for the model (a load or unload would otherwise wait for the batch to run dry)."""
+        with self._using_model():
             if name == self.served_name:
                 self._unmerge()
                 model = self.peft if self.peft is not None else self.base
@@ -214,8 +240,18 @@ class HFServer:
             else:
                 raise EngineError(404, f"adapter {name!r} was unloaded before its request ran; load it again")
             decode = lambda ids: self._worker_tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            join = None if more is None else (lambda n: [] if self._model_waiters else more(n))
             with context:
-                decode_batch(model, rows, pad_id=self.pad_id, eos_ids=self.eos_ids, decode=decode)
+                decode_batch(
+                    model,
+                    rows,
+                    pad_id=self.pad_id,
+                    eos_ids=self.eos_ids,
+                    decode=decode,
+                    more=join,
+                    max_rows=self.max_batch_size,
+                    on_finish=on_finish,
+                )
 
     def load_adapter(self, name: str, path: str) -> list[str]:
         """Load (or replace) adapter `name`; return the names evicted to stay within max_loras."""
@@ -237,7 +273,7 @@ class HFServer:
             )
         internal = f"lora{self._adapter_count}"
         self._adapter_count += 1
-        with self._model_lock:
+        with self._using_model():
             self._unmerge()  # PEFT wraps and reads the base layers: let it see the original weights
             self._active = None
             try:
@@ -265,7 +301,7 @@ class HFServer:
     def unload_adapter(self, name: str) -> None:
         if name not in self.adapters:
             raise EngineError(404, f"no adapter named {name!r} is loaded; loaded: {list(self.adapters)}")
-        with self._model_lock:
+        with self._using_model():
             self._drop(name)
 
     def _drop(self, name: str) -> None:
