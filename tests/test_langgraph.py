@@ -49,12 +49,12 @@ async def policy(tiny, tmp_path_factory):
 
 
 def graph():
-    """Agent calls the tool (forced, so the tiny random model's call is valid), the tool runs, agent answers."""
+    """Agent calls the tool once (forced, so the tiny random model's call is valid), the tool runs, agent answers."""
 
     async def agent(state: MessagesState) -> dict:
         first = len(state["messages"]) == 2
         llm = init_chat_model(max_tokens=100 if first else 20, seed=1 if first else 2).bind_tools(
-            [get_weather], tool_choice="required" if first else "none"
+            [get_weather], tool_choice="required" if first else "none", parallel_tool_calls=False
         )
         return {"messages": [await llm.ainvoke(state["messages"])]}
 
@@ -89,7 +89,7 @@ async def test_a_langgraph_run_is_one_trajectory_of_the_sampled_tokens(policy, t
     messages: list = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     first = await client.chat.completions.create(
         model="base", messages=messages, tools=[WEATHER_SCHEMA], tool_choice="required",
-        max_tokens=100, seed=1, temperature=1.0,
+        parallel_tool_calls=False, max_tokens=100, seed=1, temperature=1.0,
     )  # fmt: skip
     called = first.choices[0].message.tool_calls[0]
     messages += [
@@ -99,7 +99,7 @@ async def test_a_langgraph_run_is_one_trajectory_of_the_sampled_tokens(policy, t
     history = [m if isinstance(m, dict) else m.message.model_dump(exclude_none=True) for m in messages]
     second = await client.chat.completions.create(
         model="base", messages=history, tools=[WEATHER_SCHEMA], tool_choice="none",
-        max_tokens=20, seed=2, temperature=1.0,
+        parallel_tool_calls=False, max_tokens=20, seed=2, temperature=1.0,
     )  # fmt: skip
     by_hand = art.Trajectory(messages_and_choices=[*messages, second.choices[0]], tools=[WEATHER_SCHEMA])
 

@@ -31,6 +31,13 @@ def test_dry_run_passes_and_prints_its_table():
     assert float(cells["s/step (first, rest)"].split(",")[0]) > 0 and float(cells["trainer tok/s"]) > 0
     assert (cells["MFU"], cells["peak GPU GiB"]) == ("n/a", "n/a")  # no GPU to measure against
     assert (cells["hot-load"], cells["resume"]) == ("ok", "ok")
+    rollouts = next(line for line in out.splitlines() if line.startswith("| 8 x 8 |")).strip("|").split("|")
+    engine, generate, ratio = (float(c) for c in rollouts[1:4])
+    assert engine > 0 and generate > 0 and abs(ratio - engine / generate) < 0.02
+    batch = (
+        next(line for line in out.splitlines() if line.startswith("| peft | 8 x 64 |")).strip("|").split("|")
+    )
+    assert float(batch[4]) > 0 and float(batch[5]) > 0  # s/step, tok/s of the realistic batch
 
 
 def test_without_cuda_a_real_run_says_to_use_dry_run():
