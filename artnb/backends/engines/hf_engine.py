@@ -42,7 +42,11 @@ Limits, so one client cannot stall or flood the server:
 - A chat template sent with the request is refused unless `--trust-request-chat-template` (vLLM's flag):
   the server renders it, and a slow one stalls every request behind it.
 
-The decoding loop and the scheduler live in `hf_batching.py`, the wire format in `hf_protocol.py`.
+The decoding loop (continuous batching: requests join a running batch) and the scheduler live in
+`hf_batching.py`, the batched sampler in `hf_sampling.py`, the wire format in `hf_protocol.py`. Measured on an
+H100 (benchmarks/gpu_check.py, README "GPU"): 0.94x / 0.81x plain `generate` at 16 / 64 parallel, where
+transformers' own continuous batching (`generate_batch`) made 0.26x / 0.21x; on a 2-core CPU, with the tiny
+model where the serving code is all that costs, 1.9x `generate` at 8 and 64 parallel.
 """
 
 from __future__ import annotations
