@@ -126,7 +126,7 @@ class _Batch:
         self.nodes: list[dict | None] = []  # each row's position in its choice trie
         self.tails: list[int] = []  # how many final tokens may hold a stop string
         self.cache: DynamicCache | None = None
-        self.mask = self.next_pos = self.logits = self.last = None  # [B, L], [B], [B, V], [B]
+        self.mask = self.next_pos = self.logits = None  # [B, L], [B], [B, V]
         self.settings: Settings | None = None
         self.generator = torch.Generator(device=self.device).manual_seed(secrets.randbits(63))
 

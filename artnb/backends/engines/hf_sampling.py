@@ -75,9 +75,8 @@ class Settings:
     """The batch's per-row settings as tensors, rebuilt only when the batch's rows change."""
 
     temperature: torch.Tensor  # [B, 1], 1.0 where the row is greedy (its division is unused)
-    any_greedy: bool
-    greedy: torch.Tensor  # [B] bool
-    plain: bool  # every row samples, unseeded, without top_p: one multinomial over the whole batch
+    any_greedy: bool  # some rows take the argmax (temperature 0)
+    plain: bool  # every row samples, unseeded, without top_p: one draw over the whole batch
     temperature_one: bool  # every temperature is 1: no division
     top_p: torch.Tensor  # [B]
     top_p_rows: torch.Tensor | None  # indices of rows with 0 < top_p < 1 that sample
@@ -95,7 +94,6 @@ class Settings:
         return cls(
             temperature=torch.tensor(temperatures, device=device)[:, None],
             any_greedy=any(greedy),
-            greedy=torch.tensor(greedy, device=device),
             plain=len(unseeded) == len(rows) and not top_p,
             temperature_one=all(t == 1.0 for t in temperatures),
             top_p=torch.tensor([r.top_p for r in rows], device=device),
