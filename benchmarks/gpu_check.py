@@ -318,27 +318,14 @@ async def check(args: argparse.Namespace, result: Result) -> None:
 def trainer_batch(kind: str, base: str, preset, shape, on_cuda: bool, peak_tflops: float) -> dict:
     """One realistic trainer batch, as LocalBackend builds the trainer (the card's preset, the trainer's own
     memory defaults): 64 sequences x 1024 tokens, half trainable (dry run: 8 x 64). The second call is timed."""
-    import random
-
     import torch
+    from trainer_throughput import make_sequences  # this directory's: random tokens, half trainable
 
     from artnb.backends.trainers.choice import make_trainer
     from artnb.core.config import LoRAConfig, TrainConfig, TrainerConfig
-    from artnb.core.tokenize import TokenizedSequence
 
     count, length = (64, 1024) if on_cuda else (8, 64)
-    rng = random.Random(0)
-    sequences = [
-        TokenizedSequence(
-            token_ids=[rng.randrange(shape.vocab_size) for _ in range(length)],
-            assistant_mask=[j >= length // 2 for j in range(length)],
-            logprobs=[-2.0 if j >= length // 2 else math.nan for j in range(length)],
-            advantage=1.0 if i % 2 else -1.0,
-            group_index=i // 8,
-            trajectory_index=i,
-        )
-        for i in range(count)
-    ]
+    sequences = make_sequences(count, length, shape.vocab_size)
     trainer = make_trainer(kind, base, LoRAConfig(), TrainerConfig(), preset)
     micro = preset.micro_batch_tokens if preset else 2048
     config = TrainConfig(learning_rate=LEARNING_RATE, micro_batch_tokens=micro)

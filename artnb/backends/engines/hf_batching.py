@@ -119,8 +119,8 @@ class _Batch:
     `DynamicLayer`s; a model with other cache layers (sliding windows) decodes each batch to the end instead.
     """
 
-    def __init__(self, model: Any, *, pad_id: int, eos_ids: list[int], decode: Callable[[list[int]], str]):
-        self.model, self.pad_id, self.eos_ids, self.decode = model, pad_id, eos_ids, decode
+    def __init__(self, model: Any, *, pad_id: int, eos_ids: list[int]):
+        self.model, self.pad_id, self.eos_ids = model, pad_id, eos_ids
         self.device = model.device
         self.rows: list[Row] = []
         self.nodes: list[dict | None] = []  # each row's position in its choice trie
@@ -272,7 +272,7 @@ def decode_batch(
     running batch and the loop runs until no row is left. `on_finish(row)` is called as each row finishes.
     `eos_ids[0]` is the token a choice constraint forces once a choice is complete.
     """
-    batch = _Batch(model, pad_id=pad_id, eos_ids=eos_ids, decode=decode)
+    batch = _Batch(model, pad_id=pad_id, eos_ids=eos_ids)
     batch.add(rows)
     while batch.rows:
         sampled = batch.sample()
