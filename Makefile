@@ -43,9 +43,13 @@ demo: $(CORE)
 # the same 2 cores, and threads spinning at a barrier starve the others. Measured: two tutorials side by side took
 # 253 s and 262 s with the default policy, 79 s and 108 s passive (one alone: 55 s either way). Not artnb's default
 # for users: alone, the HF engine decodes 8x64 tokens at 49 tok/s by default and 38 tok/s passive.
+# OMP_NUM_THREADS=1 (with two workers): one torch thread per process, so two busy processes each keep a core
+# instead of preempting each other at every parallel region (artnb honours it: backends/cpu_threads.py).
+# Measured on 2 cores: two tutorials side by side 135 s -> 122 s; tests/reliability + test_local_backend.py +
+# test_s3.py 689 s -> 653 s.
 TEST_WORKERS ?= 2
 test: install
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(if $(filter-out 0 1,$(TEST_WORKERS)),OMP_NUM_THREADS=1) $(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check artnb tests benchmarks

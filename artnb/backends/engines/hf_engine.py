@@ -73,6 +73,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from artnb.backends.cpu_threads import cpu_threads
 from artnb.backends.engines.guard import (
     DEFAULT_MAX_REQUEST_BYTES,
     ClientGone,
@@ -790,7 +791,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.api_key:
         parser.error(f"no API key: pass --api-key or set ${API_KEY_ENV}")
     exit_with_parent(args.parent_pid)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(cpu_threads())
     import uvicorn
 
     server = HFServer(

@@ -27,8 +27,9 @@ which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process
   * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes),
     and bodies over `max_request_bytes` get 413, both before the body is read (guard.py, shared with the HF
     engine). `--disable-fastapi-docs` removes /docs, /redoc and /openapi.json.
-- CPU and CUDA differ only in `_platform_defaults`: on CPU fp32, a bounded KV cache, no reserved core; on CUDA
-  sleep mode, so that `hold()` frees GPU memory for the trainer (`/sleep?level=1`, `/wake_up`).
+- CPU and CUDA differ only in `_platform_defaults`: on CPU fp32, a bounded KV cache, no reserved core, the
+  worker in the engine core's process; on CUDA sleep mode, so that `hold()` frees GPU memory for the trainer
+  (`/sleep?level=1`, `/wake_up`).
 
 `extra_args` go after the defaults on vLLM's command line, so they override them (argparse keeps the last value).
 """
@@ -148,11 +149,14 @@ def _platform_defaults(on_cuda: bool) -> tuple[list[str], dict[str, str]]:
     # Its default KV block of 128 tokens is also the prefix cache's unit, so a multi-turn rollout whose turns add
     # ~40 tokens reused almost nothing of the previous turn (10% of prompt tokens from the cache on tic-tac-toe);
     # 32, the smallest block its attention kernel takes, reuses all but the last partial block.
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0: on CPU vLLM otherwise runs its one worker in a third process, which
+    # imports vLLM again: start 65 s -> 43 s on the embedded model, the same tok/s at 8 and 32 parallel
+    # (measured on 2 cores; the engine core still runs apart from the API server).
     return [
         "--dtype", "float32",
         "--kv-cache-memory-bytes", str(_CPU_KV_CACHE_BYTES),
         "--block-size", str(_CPU_BLOCK_SIZE),
-    ], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
+    ], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # fmt: skip
 
 
 def _tool_parser_args(model_path: str) -> list[str]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -40,6 +39,7 @@ from ...core import grpo
 from ...core.config import LoRAConfig, TrainConfig, TrainerConfig
 from ...core.ignored import report_ignored
 from ...core.tokenize import TokenizedSequence
+from ..cpu_threads import cpu_threads
 
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 _MIN_SHARED_PREFIX = 16  # below this, a separate pass over the prefix costs more than it saves
@@ -141,9 +141,7 @@ class PeftTrainer:
         use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
         self.device = torch.device("cuda" if use_cuda else "cpu")
         if not use_cuda:
-            torch.set_num_threads(
-                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            )
+            torch.set_num_threads(cpu_threads())
         self.config = config
         self.model = self._load_model(str(base_model_path), lora, config)
         self.model.train()
