@@ -48,7 +48,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .core import metrics as names
+from .core import metric_names as names
 from .core.config import TrainConfig, resolve_train_config
 from .core.ignored import report_ignored, warn_user
 from .core.model import NothingToTrainError, TrainableModel

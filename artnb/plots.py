@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .core.curves import Band, Curve, curves
-from .core.metrics import split_metric
+from .core.metric_names import split_metric
 
 _BAND = {"train": "rgba(31,119,180,0.2)", "val": "rgba(255,127,14,0.2)"}
 _LINE = {"train": "rgb(31,119,180)", "val": "rgb(255,127,14)"}

@@ -51,7 +51,7 @@ import _ab_task as task  # noqa: E402
 
 import artnb as art  # noqa: E402
 from artnb import models  # noqa: E402
-from artnb.core import metrics as names  # noqa: E402
+from artnb.core import metric_names as names  # noqa: E402
 
 TRL_SETUP = (
     "python3 -m venv /tmp/trl-venv && /tmp/trl-venv/bin/pip install torch==2.13.0 && "

@@ -30,13 +30,14 @@ from typing import Any, Literal
 import httpx
 
 from .. import integrations
-from ..core import metrics as names
-from ..core.config import TrainConfig, TrainerConfig, low_memory_requested, resolve_train_config
+from ..core import metric_names as names
+from ..core.config import TrainConfig, TrainerConfig, low_memory_requested
 from ..core.contracts import Engine, Trainer
 from ..core.ignored import report_ignored, warn_user
 from ..core.model import Model, TrainableModel, TrainResult
-from ..core.sft import TrainSFTConfig, merge_sft_config, sft_step_line
+from ..core.sft import TrainSFTConfig
 from ..core.store import RunLock, RunStore, copy_checkpoint_files
+from ..core.train_request import Committed, SFTRequest, TrainOutcome, TrainRequest
 from ..core.trajectory import Trajectory, TrajectoryGroup
 from ..dev.settings import InternalSettings, resolve_internal_config
 from ..models import adapter_directory, resolve_base_model
@@ -462,81 +463,73 @@ class LocalBackend:
         step = RunStore(self.path, model.project, model.name).latest_step()
         return 0 if step is None else step
 
-    async def train(
-        self,
-        model: TrainableModel,
-        trajectory_groups: Any,
-        *,
-        config: TrainConfig | None = None,
-        **options: Any,
-    ) -> TrainResult:
-        """One GRPO step. Keywords override `config` fields, e.g. `backend.train(model, groups, learning_rate=1e-4)`.
+    async def train_step(self, model: TrainableModel, request: TrainRequest) -> TrainOutcome:
+        """One GRPO step (TrainableModel.train builds the request and records the outcome).
 
         The step's rollouts, history row and checkpoint are committed together; a failure before the commit
         changes nothing (retrying the same batch writes it once), a failure after it does not undo it.
         A batch with nothing to learn from raises NothingToTrainError (see TrainConfig.on_nothing_to_train);
         one whose groups all have equal rewards advances the step without an update, as ART does.
-        ART's keywords are accepted (see TrainConfig); `_config` takes them as ART's `dev.TrainConfig` dict.
         """
         served = self._get(model)
-        config = resolve_train_config(config, options, options.pop("_config", None))
+        config = request.config
         if config.max_seq_length is None and served.settings.max_seq_length:
             config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
-        groups = list(trajectory_groups)
-        if not all(isinstance(g, TrajectoryGroup) for g in groups):
-            raise TypeError(
-                "train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first"
-            )
         extra_row = {}
-        failures = getattr(trajectory_groups, "after_each_failures", None)  # from gather_trajectory_groups
-        if failures is not None:
-            extra_row[names.AFTER_EACH_FAILURES] = len(failures)
-        step = TrainStep(self, served, groups, config, extra_row)
-        result = await step.run()
-        if (
-            result.step == step.step + 1
-        ):  # committed: ART's `model.log(groups, split="train", ...)` merges into it
-            commit = served.store.read_commit(result.step)
-            await model._record_trained(groups, (step.step, result.step), commit.id, commit.history, config)
-        return result
+        if request.after_each_failures is not None:  # from gather_trajectory_groups
+            extra_row[names.AFTER_EACH_FAILURES] = len(request.after_each_failures)
+        step = TrainStep(self, served, request.groups, config, extra_row)
+        return await self._outcome(served, step, await step.run())
+
+    async def train_sft_step(self, model: TrainableModel, request: SFTRequest) -> TrainOutcome:
+        """Supervised fine-tuning on the assistant turns of the request's trajectories: one optimizer step per
+        batch, then one committed step, like `train_step` (checkpoint step+1, a history row with
+        `train/sft_loss`, the trajectories as the step's rollouts, the new adapter served).
+
+        A failure before the commit changes nothing. No trajectories, or all longer than max_seq_length, raise
+        NothingToTrainError. The next RL step continues from this checkpoint with a fresh optimizer.
+        """
+        served = self._get(model)
+        config = request.config
+        if config.max_seq_length is None and served.settings.max_seq_length:
+            config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
+        groups = [TrajectoryGroup(request.trajectories)] if request.trajectories else []
+        step = TrainStep(self, served, groups, config)
+        return await self._outcome(served, step, await step.run())
+
+    @staticmethod
+    async def _outcome(served: _Served, step: TrainStep, result: TrainResult) -> TrainOutcome:
+        if result.step != step.step + 1:
+            return TrainOutcome(result)  # nothing committed by this call
+        commit = served.store.read_commit(result.step)
+        if commit is None:
+            return TrainOutcome(result)
+        return TrainOutcome(result, Committed((step.step, result.step), commit.id, dict(commit.history)))
+
+    async def train(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        config: TrainConfig | None = None,
+        **options: Any,
+    ) -> TrainResult:
+        """ART's spelling of `model.train(groups, config, **options)`: one GRPO step. Keywords override `config`
+        fields, e.g. `backend.train(model, groups, learning_rate=1e-4)`; `_config` takes them as ART's
+        `dev.TrainConfig` dict."""
+        return await model.train(trajectory_groups, config, **options)
 
     async def train_sft(
         self,
         model: TrainableModel,
         trajectories: Iterable[Trajectory],
         config: TrainSFTConfig | None = None,
-        *,
-        verbose: bool = False,
         **options: Any,
     ) -> TrainResult:
-        """Supervised fine-tuning on the assistant turns of `trajectories`: one optimizer step per batch, then one
-        committed step, like `train` (checkpoint step+1, a history row with `train/sft_loss`, the trajectories
-        as the step's rollouts, the new adapter served). Keywords override `config` fields, e.g.
-        `backend.train_sft(model, trajectories, learning_rate=1e-4, batch_size=4)`; `_config` takes them as a dict.
-
-        A failure before the commit changes nothing. No trajectories, or all longer than max_seq_length, raise
-        NothingToTrainError. The next RL step continues from this checkpoint with a fresh optimizer.
-        """
-        served = self._get(model)
-        config = merge_sft_config(config, options, options.pop("_config", None))
-        if config.max_seq_length is None and served.settings.max_seq_length:
-            config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
-        trajectories = list(trajectories)
-        wrong = next((t for t in trajectories if not isinstance(t, Trajectory)), None)
-        if wrong is not None:
-            raise TypeError(
-                f"train_sft() takes art.Trajectory objects, got {type(wrong).__name__}; wrap chat examples as "
-                "art.Trajectory(messages_and_choices=[...]) or read a JSONL file with "
-                "artnb.utils.sft.train_sft_from_file"
-            )
-        groups = [TrajectoryGroup(trajectories)] if trajectories else []
-        step = TrainStep(self, served, groups, config)
-        result = await step.run()
-        if result.step == step.step + 1 and (commit := served.store.read_commit(result.step)) is not None:
-            integrations.report(model, commit.history, config=config)
-        if verbose:
-            print(sft_step_line(result, len(trajectories)))
-        return result
+        """ART's spelling of `model.train_sft(trajectories, config, ...)`. Keywords override `config` fields, e.g.
+        `backend.train_sft(model, trajectories, learning_rate=1e-4, batch_size=4)`; `_config` takes them as a
+        dict."""
+        return await model.train_sft(trajectories, config, **options)
 
     async def _experimental_fork_checkpoint(
         self,

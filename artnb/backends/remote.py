@@ -38,14 +38,14 @@ import httpx
 from tqdm.auto import tqdm
 
 from .. import integrations
-from ..core import metrics as names
+from ..core import metric_names as names
 from ..core.atomic import write_atomic
-from ..core.config import TrainConfig, resolve_train_config
-from ..core.gather import GatheredGroups
+from ..core.config import TrainConfig
 from ..core.ignored import warn_user
 from ..core.model import Model, NothingToTrainError, TrainableModel, TrainResult
-from ..core.sft import TrainSFTConfig, merge_sft_config, sft_step_line
+from ..core.sft import TrainSFTConfig
 from ..core.store import RunInUseError, RunStore
+from ..core.train_request import SFTRequest, TrainOutcome, TrainRequest
 from ..core.trajectory import Trajectory, TrajectoryGroup
 from ..core.wire import (
     API_KEY_ENV,
@@ -59,7 +59,7 @@ from ..core.wire import (
     groups_to_wire,
     lora_from_wire,
     model_to_wire,
-    result_from_wire,
+    outcome_from_wire,
     trajectories_to_wire,
 )
 from .local import EngineDiedError
@@ -213,6 +213,38 @@ class RemoteBackend:
         await self._sync(model)
         return int(reply["step"])
 
+    async def train_step(self, model: TrainableModel, request: TrainRequest) -> TrainOutcome:
+        """One GRPO step on the server, as `LocalBackend.train_step` (same commit and failure rules).
+
+        A tqdm bar follows the step's phases. If the connection drops mid-step, ServerUnavailableError says
+        so; the step may have committed on the server: `await model.get_step()` tells.
+        """
+        self._registered(model)
+        config = request.config
+        body = await asyncio.to_thread(
+            lambda: dumps({"batch": groups_to_wire(request.batch()), "config": config_to_wire(config)})
+        )
+        outcome = outcome_from_wire(await self._train_call(model, "train", body))
+        await self._sync(model)
+        if config.verbose:
+            print("artnb train: " + ", ".join(f"{k}={v:.4g}" for k, v in _numbers(outcome.result.metrics)))
+        return outcome
+
+    async def train_sft_step(self, model: TrainableModel, request: SFTRequest) -> TrainOutcome:
+        """One SFT step on the server, as `LocalBackend.train_sft_step` (committed like a GRPO step)."""
+        self._registered(model)
+        body = await asyncio.to_thread(
+            lambda: dumps(
+                {
+                    "trajectories": trajectories_to_wire(request.trajectories),
+                    "config": config_to_wire(request.config),
+                }
+            )
+        )
+        outcome = outcome_from_wire(await self._train_call(model, "train_sft", body))
+        await self._sync(model)
+        return outcome
+
     async def train(
         self,
         model: TrainableModel,
@@ -221,69 +253,18 @@ class RemoteBackend:
         config: TrainConfig | None = None,
         **options: Any,
     ) -> TrainResult:
-        """One GRPO step on the server, as `LocalBackend.train` (same options, same commit and failure rules).
-
-        A tqdm bar follows the step's phases. If the connection drops mid-step, ServerUnavailableError says
-        so; the step may have committed on the server: `await model.get_step()` tells.
-        """
-        self._registered(model)
-        config = resolve_train_config(config, options, options.pop("_config", None))
-        failures = getattr(trajectory_groups, "after_each_failures", None)  # from gather_trajectory_groups
-        groups = list(trajectory_groups)
-        if not all(isinstance(g, TrajectoryGroup) for g in groups):
-            raise TypeError(
-                "train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first"
-            )
-        batch = groups if failures is None else GatheredGroups(groups, failures)
-        body = await asyncio.to_thread(
-            lambda: dumps({"batch": groups_to_wire(batch), "config": config_to_wire(config)})
-        )
-        reply = await self._train_call(model, "train", body)
-        result = result_from_wire(reply["result"])
-        if (trained := reply.get("trained")) is not None:  # ART's `model.log(groups, split="train")` merges
-            await model._record_trained(
-                groups, tuple(trained["steps"]), trained["commit"], trained["row"], config
-            )
-        await self._sync(model)
-        if config.verbose:
-            print("artnb train: " + ", ".join(f"{k}={v:.4g}" for k, v in _numbers(result.metrics)))
-        return result
+        """ART's spelling of `model.train(groups, config, **options)`."""
+        return await model.train(trajectory_groups, config, **options)
 
     async def train_sft(
         self,
         model: TrainableModel,
         trajectories: Iterable[Trajectory],
         config: TrainSFTConfig | None = None,
-        *,
-        verbose: bool = False,
         **options: Any,
     ) -> TrainResult:
-        """One SFT step on the server, as `LocalBackend.train_sft` (same options, committed like a GRPO step)."""
-        self._registered(model)
-        config = merge_sft_config(config, options, options.pop("_config", None))
-        trajectories = list(trajectories)
-        wrong = next((t for t in trajectories if not isinstance(t, Trajectory)), None)
-        if wrong is not None:
-            raise TypeError(
-                f"train_sft() takes art.Trajectory objects, got {type(wrong).__name__}; wrap chat examples as "
-                "art.Trajectory(messages_and_choices=[...])"
-            )
-        body = await asyncio.to_thread(
-            lambda: dumps(
-                {
-                    "trajectories": trajectories_to_wire(trajectories),
-                    "config": config_to_wire(config),
-                }
-            )
-        )
-        result = result_from_wire((await self._train_call(model, "train_sft", body))["result"])
-        await self._sync(model)
-        integrations.report(
-            model, {"step": result.step - 1, "split": "train", **result.metrics}, config=config
-        )
-        if verbose:
-            print(sft_step_line(result, len(trajectories)))
-        return result
+        """ART's spelling of `model.train_sft(trajectories, config, **options)`."""
+        return await model.train_sft(trajectories, config, **options)
 
     async def _train_call(self, model: TrainableModel, route: str, body: bytes) -> dict[str, Any]:
         """POST a train step with a bar over its phases; a lost connection names what may have happened."""

@@ -46,6 +46,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..core.model import Model, NothingToTrainError, TrainableModel
 from ..core.names import check_name
 from ..core.store import RunStore
+from ..core.train_request import SFTRequest, TrainRequest
 from ..core.wire import (
     API_KEY_ENV,
     DEFAULT_PORT,
@@ -58,7 +59,7 @@ from ..core.wire import (
     groups_from_wire,
     loads,
     model_from_wire,
-    result_to_wire,
+    outcome_to_wire,
     sft_config_from_wire,
     train_config_from_wire,
     trajectories_from_wire,
@@ -270,25 +271,14 @@ class ArtnbServer:
         with self.phases.listen(store, *_operation_events.get()):
             if sft:
                 trajectories = await asyncio.to_thread(trajectories_from_wire, data["trajectories"])
-                config = sft_config_from_wire(data["config"])
-                result = await self.backend.train_sft(model, trajectories, config)
-                groups = None
+                request = SFTRequest(trajectories, sft_config_from_wire(data["config"]))
+                outcome = await self.backend.train_sft_step(model, request)
             else:
                 groups = await asyncio.to_thread(groups_from_wire, data["batch"])
+                failures = getattr(groups, "after_each_failures", None)
                 config = train_config_from_wire(data["config"])
-                result = await self.backend.train(model, groups, config=config)
-        trained = model._trained
-        mine = (
-            groups is not None
-            and trained is not None
-            and trained.steps[1] == result.step
-            and len(trained.groups) == len(groups)
-            and all(a is b for a, b in zip(trained.groups, groups, strict=True))
-        )
-        commit = (
-            {"steps": list(trained.steps), "commit": trained.commit, "row": trained.row} if mine else None
-        )
-        return {"result": result_to_wire(result), "trained": commit}
+                outcome = await self.backend.train_step(model, TrainRequest(list(groups), config, failures))
+        return outcome_to_wire(outcome)
 
     async def log(self, project: str, name: str, body: bytes) -> dict[str, Any]:
         key = self._key(project, name)

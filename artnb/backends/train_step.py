@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ..core import metrics as names
+from ..core import metric_names as names
 from ..core.atomic import disk_full
 from ..core.config import TrainConfig
 from ..core.ignored import warn_user

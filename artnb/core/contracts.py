@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import httpx
 
+    from .config import TrainConfig
     from .model import Model, TrainableModel, TrainResult
+    from .tokenize import TokenizedSequence
+    from .train_request import SFTRequest, TrainOutcome, TrainRequest
     from .trajectory import Trajectory, TrajectoryGroup
 
 
@@ -32,15 +35,22 @@ class Backend(Protocol):
     async def get_step(self, model: TrainableModel) -> int:
         """The newest committed step of the model's run."""
 
+    async def train_step(self, model: TrainableModel, request: TrainRequest) -> TrainOutcome:
+        """One GRPO step, committed with its history row and rollouts; what it committed, for the model to
+        record (TrainableModel.train builds the request and records the outcome)."""
+
+    async def train_sft_step(self, model: TrainableModel, request: SFTRequest) -> TrainOutcome:
+        """One SFT step, committed like a GRPO step."""
+
     async def train(
         self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup], **options: Any
     ) -> TrainResult:
-        """One GRPO step, committed with its history row and rollouts."""
+        """ART's spelling of `model.train(trajectory_groups, **options)`."""
 
     async def train_sft(
         self, model: TrainableModel, trajectories: Iterable[Trajectory], **options: Any
     ) -> TrainResult:
-        """One SFT step, committed like a GRPO step."""
+        """ART's spelling of `model.train_sft(trajectories, **options)`."""
 
     async def log(
         self, model: Model, split: str, step: int, row: dict[str, Any], groups: Sequence[TrajectoryGroup]
@@ -86,8 +96,18 @@ class Trainer(Protocol):
 
     @property
     def max_seq_length(self) -> int: ...
-    def train(self, sequences: list[Any], config: Any, *, progress: bool = True) -> dict[str, float]: ...
-    def train_sft(self, sequences: list[Any], learning_rate: float, **options: Any) -> dict[str, float]: ...
+    def train(
+        self, sequences: list[TokenizedSequence], config: TrainConfig, *, progress: bool = True
+    ) -> dict[str, float]: ...
+    def train_sft(
+        self,
+        sequences: list[TokenizedSequence],
+        learning_rate: float,
+        *,
+        max_grad_norm: float = ...,
+        weight_decay: float = ...,
+        micro_batch_tokens: int = ...,
+    ) -> dict[str, float]: ...
     def save_checkpoint(self, path: str | Path) -> None: ...
     def load_checkpoint(self, path: str | Path) -> None: ...
     def reset_optimizer(self) -> None: ...

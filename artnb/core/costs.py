@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from . import metrics as names
+from . import metric_names as names
 
 
 class CostLedger:

@@ -20,7 +20,7 @@ from typing import Literal
 
 import pandas as pd
 
-from .metrics import split_metric, std_of
+from .metric_names import split_metric, std_of
 from .store import RunStore
 
 Band = Literal["std", "range", "none"]

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import metrics as names
+from . import metric_names as names
 from .config import TrainConfig
 from .gather import gather_trajectory_groups
 from .model import TrainableModel, TrainResult

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from . import costs
-from . import metrics as names
+from . import metric_names as names
 
 
 class MetricsBuilder(costs.CostLedger):

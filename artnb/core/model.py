@@ -19,12 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from .. import integrations
 from . import costs
-from . import metrics as names
+from . import metric_names as names
 from .config import LoRAConfig, TrainConfig
 from .ignored import report_ignored
 from .metrics_builder import MetricsBuilder
 from .names import check_name
 from .store import RunStore
+from .train_request import SFTRequest, TrainOutcome, TrainRequest
 from .trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -252,17 +253,14 @@ class Model(BaseModel, Generic[ModelConfig]):
             self.store.append_history(row)
         integrations.report(self, row, groups)
 
-    async def _record_trained(
-        self,
-        groups: list[TrajectoryGroup],
-        steps: tuple[int, int],
-        commit: str,
-        row: dict[str, Any],
-        config: TrainConfig,
-    ) -> None:
-        """A backend committed a training step on `groups` (steps: policy step, new step) with history `row`."""
-        self._trained = _TrainedBatch(groups, steps, commit, dict(row))
-        integrations.report(self, row, groups, config)
+    async def _record(self, groups: list[TrajectoryGroup], outcome: TrainOutcome, config: Any) -> None:
+        """What a train step this model asked for committed: kept, so that ART's `model.log(groups,
+        split="train")` merges into it, and reported (W&B, Trackio, Langfuse), with the judges' spend."""
+        committed = outcome.committed
+        if committed is None:
+            return
+        self._trained = _TrainedBatch(groups, committed.steps, committed.commit, dict(committed.row))
+        integrations.report(self, committed.row, groups, config)
         if spent := costs.drain_for(self._costs):  # what judges and hosted models cost during this step
             await self._merge_into_trained(self._trained, spent)
 
@@ -338,13 +336,19 @@ class TrainableModel(Model[ModelConfig]):
     ) -> TrainResult:
         """One GRPO step on the groups; inference waits meanwhile and then serves the new adapter.
 
-        `_config` is ART's `art.dev.TrainConfig` dict of training keywords; `verbose` prints the step's metrics.
+        `config` fields are overridden by ART's `_config` dict of training keywords, then by keyword `options`
+        (see TrainConfig); `verbose` prints the step's metrics. ART's `backend.train(model, groups, ...)` is
+        this call.
         """
         if _config is not None:
             options["_config"] = _config
         if verbose:
             options["verbose"] = True
-        return await self._require_backend().train(self, trajectory_groups, config=config, **options)
+        backend = self._require_backend()
+        request = TrainRequest.build(trajectory_groups, config, options)
+        outcome = await backend.train_step(self, request)
+        await self._record(request.groups, outcome, request.config)
+        return outcome.result
 
     async def train_sft(
         self,
@@ -352,6 +356,7 @@ class TrainableModel(Model[ModelConfig]):
         config: TrainSFTConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
+        **options: Any,
     ) -> TrainResult:
         """Supervised fine-tuning on the trajectories' assistant turns (one optimizer step per `batch_size`
         trajectories), committed as one step; inference waits meanwhile and then serves the new adapter.
@@ -362,10 +367,18 @@ class TrainableModel(Model[ModelConfig]):
         a summary. Returns the TrainResult (ART returns None). For a JSONL file or a learning-rate schedule see
         `artnb.utils.sft.train_sft_from_file` and `create_sft_dataset_iterator`.
         """
-        options: dict[str, Any] = {"verbose": verbose}
+        from .sft import sft_step_line
+
+        backend = self._require_backend()
         if _config is not None:
             options["_config"] = _config
-        return await self._require_backend().train_sft(self, trajectories, config, **options)
+        request = SFTRequest.build(trajectories, config, options)
+        outcome = await backend.train_sft_step(self, request)
+        if outcome.committed is not None:
+            integrations.report(self, outcome.committed.row, config=request.config)
+        if verbose:
+            print(sft_step_line(outcome.result, len(request.trajectories)))
+        return outcome.result
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = names.BEST_CHECKPOINT_METRIC

@@ -27,7 +27,7 @@ from . import costs
 from .compare import compare_rewards
 from .gather import gather_trajectory_groups
 from .local_judge import LocalJudge
-from .metrics import STEP_TRAIN_S
+from .metric_names import STEP_TRAIN_S
 from .model import Model
 from .ruler import DEFAULT_RUBRIC, ruler_score_group
 from .trajectory import Trajectory, TrajectoryGroup, dumps_json, reward_problem

@@ -33,7 +33,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from transformers import PreTrainedTokenizerBase
 
-from . import metrics as names
+from . import metric_names as names
 from .ignored import report_ignored
 from .tokenize import TokenizedSequence, _tokenize_history, _trainable_turns
 from .trajectory import History, Trajectory

@@ -33,7 +33,7 @@ from openai.types.chat.chat_completion import Choice
 from transformers import AddedToken, PreTrainedTokenizerBase
 
 from .grpo import group_advantages
-from .metrics import std_of
+from .metric_names import std_of
 from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_rewards, choice_to_message
 
 NAN = float("nan")

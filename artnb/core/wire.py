@@ -37,6 +37,7 @@ from .config import LoRAConfig, TrainConfig
 from .gather import AfterEachFailure, GatheredGroups
 from .model import Model, TrainableModel, TrainResult
 from .sft import TrainSFTConfig
+from .train_request import Committed, TrainOutcome
 from .trajectory import History, Trajectory, TrajectoryGroup
 
 WIRE_VERSION = 1
@@ -210,6 +211,29 @@ def result_to_wire(result: TrainResult) -> dict[str, Any]:
 
 def result_from_wire(data: dict[str, Any]) -> TrainResult:
     return TrainResult.model_validate(data)
+
+
+def outcome_to_wire(outcome: TrainOutcome) -> dict[str, Any]:
+    """A step's reply: its result and, when it committed, what (`trained`, for the client model's record)."""
+    committed = outcome.committed
+    trained = (
+        None
+        if committed is None
+        else {"steps": list(committed.steps), "commit": committed.commit, "row": committed.row}
+    )
+    return {"result": result_to_wire(outcome.result), "trained": trained}
+
+
+def outcome_from_wire(data: dict[str, Any]) -> TrainOutcome:
+    trained = data.get("trained")
+    committed = (
+        None
+        if trained is None
+        else Committed(
+            (int(trained["steps"][0]), int(trained["steps"][1])), trained["commit"], trained["row"]
+        )
+    )
+    return TrainOutcome(result_from_wire(data["result"]), committed)
 
 
 # models ----------------------------------------------------------------------------------------------------

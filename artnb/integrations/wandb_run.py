@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from ..core import metrics as names
+from ..core import metric_names as names
 from ..core.ignored import warn_user
 from . import numeric_metrics, sample_trajectories
 

@@ -17,7 +17,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from .. import integrations
-from ..core import metrics as names
+from ..core import metric_names as names
 from ..core.config import TrainConfig
 from ..core.loop import LoopEvent, Rollout, Scenarios, Scorer, TrainingLoop
 from ..core.model import TrainableModel

