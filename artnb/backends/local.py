@@ -21,7 +21,7 @@ import logging
 import statistics
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,17 +31,17 @@ import httpx
 
 from .. import integrations
 from ..core import metric_names as names
-from ..core.config import TrainConfig, TrainerConfig, low_memory_requested
+from ..core.config import TrainerConfig, low_memory_requested
 from ..core.contracts import Engine, Trainer
 from ..core.ignored import report_ignored, warn_user
 from ..core.model import Model, TrainableModel, TrainResult
-from ..core.sft import TrainSFTConfig
 from ..core.store import RunLock, RunStore, copy_checkpoint_files
 from ..core.train_request import Committed, SFTRequest, TrainOutcome, TrainRequest
-from ..core.trajectory import Trajectory, TrajectoryGroup
+from ..core.trajectory import TrajectoryGroup
 from ..dev.settings import InternalSettings, resolve_internal_config
 from ..models import adapter_directory, resolve_base_model
 from . import s3
+from .art_spellings import ArtTrainSpellings
 from .gpu_presets import GPUPreset
 from .train_step import TrainStep
 from .trainers.choice import TRAINER_KINDS, TrainerKind
@@ -87,7 +87,7 @@ def _copy_fork(source: RunStore, step: int, target: RunStore) -> None:
     target.write_checkpoint(step, lambda tmp: copy_checkpoint_files(src, tmp))
 
 
-class LocalBackend:
+class LocalBackend(ArtTrainSpellings):
     """Train and serve on this machine.
 
     Example:
@@ -505,31 +505,6 @@ class LocalBackend:
         if commit is None:
             return TrainOutcome(result)
         return TrainOutcome(result, Committed((step.step, result.step), commit.id, dict(commit.history)))
-
-    async def train(
-        self,
-        model: TrainableModel,
-        trajectory_groups: Iterable[TrajectoryGroup],
-        *,
-        config: TrainConfig | None = None,
-        **options: Any,
-    ) -> TrainResult:
-        """ART's spelling of `model.train(groups, config, **options)`: one GRPO step. Keywords override `config`
-        fields, e.g. `backend.train(model, groups, learning_rate=1e-4)`; `_config` takes them as ART's
-        `dev.TrainConfig` dict."""
-        return await model.train(trajectory_groups, config, **options)
-
-    async def train_sft(
-        self,
-        model: TrainableModel,
-        trajectories: Iterable[Trajectory],
-        config: TrainSFTConfig | None = None,
-        **options: Any,
-    ) -> TrainResult:
-        """ART's spelling of `model.train_sft(trajectories, config, ...)`. Keywords override `config` fields, e.g.
-        `backend.train_sft(model, trajectories, learning_rate=1e-4, batch_size=4)`; `_config` takes them as a
-        dict."""
-        return await model.train_sft(trajectories, config, **options)
 
     async def _experimental_fork_checkpoint(
         self,

@@ -29,7 +29,7 @@ import json
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -40,13 +40,11 @@ from tqdm.auto import tqdm
 from .. import integrations
 from ..core import metric_names as names
 from ..core.atomic import write_atomic
-from ..core.config import TrainConfig
 from ..core.ignored import warn_user
-from ..core.model import Model, NothingToTrainError, TrainableModel, TrainResult
-from ..core.sft import TrainSFTConfig
+from ..core.model import Model, NothingToTrainError, TrainableModel
 from ..core.store import RunInUseError, RunStore
 from ..core.train_request import SFTRequest, TrainOutcome, TrainRequest
-from ..core.trajectory import Trajectory, TrajectoryGroup
+from ..core.trajectory import TrajectoryGroup
 from ..core.wire import (
     API_KEY_ENV,
     DEFAULT_PORT,
@@ -62,6 +60,7 @@ from ..core.wire import (
     outcome_from_wire,
     trajectories_to_wire,
 )
+from .art_spellings import ArtTrainSpellings
 from .local import EngineDiedError
 from .s3 import BUCKET_ENV, S3SyncError, SyncReport
 from .train_step import PHASES
@@ -87,7 +86,7 @@ _KNOWN_ERRORS: dict[str, type[Exception]] = {
 _WARNINGS = {cls.__name__: cls for cls in (UserWarning, RuntimeWarning, DeprecationWarning, FutureWarning)}
 
 
-class RemoteBackend:
+class RemoteBackend(ArtTrainSpellings):
     """Train and serve on an `artnb serve` server; read the runs from a local mirror.
 
     Example:
@@ -244,27 +243,6 @@ class RemoteBackend:
         outcome = outcome_from_wire(await self._train_call(model, "train_sft", body))
         await self._sync(model)
         return outcome
-
-    async def train(
-        self,
-        model: TrainableModel,
-        trajectory_groups: Iterable[TrajectoryGroup],
-        *,
-        config: TrainConfig | None = None,
-        **options: Any,
-    ) -> TrainResult:
-        """ART's spelling of `model.train(groups, config, **options)`."""
-        return await model.train(trajectory_groups, config, **options)
-
-    async def train_sft(
-        self,
-        model: TrainableModel,
-        trajectories: Iterable[Trajectory],
-        config: TrainSFTConfig | None = None,
-        **options: Any,
-    ) -> TrainResult:
-        """ART's spelling of `model.train_sft(trajectories, config, **options)`."""
-        return await model.train_sft(trajectories, config, **options)
 
     async def _train_call(self, model: TrainableModel, route: str, body: bytes) -> dict[str, Any]:
         """POST a train step with a bar over its phases; a lost connection names what may have happened."""

@@ -2,11 +2,11 @@
 
     validate → tokenise → hold → train → commit (→ rename) → publish → hot-load → release
 
-A step is a GRPO step (`backend.train`: groups, one optimizer step) or an SFT step (`backend.train_sft`:
-trajectories, one optimizer step per batch); only "tokenise" and "train" differ. An SFT step records its
-trajectories as the step's rollouts and `train/sft_loss` in its history row. AdamW's moments are reset when
-the kind of step changes (as ART does): SFT gradients are larger and steadier than GRPO's, and their
-second moments would shrink the first RL updates for ~100 steps.
+A step is a GRPO step (`train_step`: groups, one optimizer step) or an SFT step (`train_sft_step`: trajectories,
+one optimizer step per batch); what differs (checks, "tokenise", "train", the history row) is the step's kind
+(step_kinds.py). An SFT step records its trajectories as the step's rollouts and `train/sft_loss` in its history
+row. AdamW's moments are reset when the kind of step changes (as ART does): SFT gradients are larger and steadier
+than GRPO's, and their second moments would shrink the first RL updates for ~100 steps.
 
 Until the commit nothing on disk changes. The commit (`RunStore.commit_step`) writes checkpoint step+1 with the
 step's history row and rollouts inside it and renames it into place: after that rename the step happened, and
@@ -30,20 +30,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Any
-
-from tqdm.auto import tqdm
 
 from ..core import metric_names as names
 from ..core.atomic import disk_full
 from ..core.config import TrainConfig
 from ..core.ignored import warn_user
-from ..core.model import NothingToTrainError, TrainResult, summarize_groups
-from ..core.sft import SFTBatches, TrainSFTConfig, summarize_sft_updates, tokenize_sft
+from ..core.model import NothingToTrainError, TrainResult
+from ..core.sft import SFTBatches, TrainSFTConfig
 from ..core.store import RunStore
-from ..core.tokenize import TokenizedBatch, tokenize_groups
+from ..core.tokenize import TokenizedBatch
 from ..core.trajectory import TrajectoryGroup
+from .step_kinds import step_kind
 
 if TYPE_CHECKING:
     from .local import LocalBackend, _Served
@@ -59,7 +57,7 @@ PHASES = ("validate", "tokenise", "hold", "train", "commit", "rename", "publish"
 
 
 class TrainStep:
-    """One `backend.train(model, groups)` or `backend.train_sft(model, trajectories)` call: its phases, and
+    """One `backend.train_step(model, request)` or `train_sft_step` call: its phases, and
     whether it can still be abandoned. An SFT step gets its trajectories as one group."""
 
     def __init__(
@@ -71,7 +69,7 @@ class TrainStep:
         extra_row: dict[str, Any] | None = None,
     ) -> None:
         self.backend, self.served, self.groups, self.config = backend, served, groups, config
-        self.sft = isinstance(config, TrainSFTConfig)
+        self.kind = step_kind(config)
         self.extra_row = dict(extra_row or {})  # more values for the step's history row
         self.step = served.step
         self.phase = "queued"
@@ -102,10 +100,10 @@ class TrainStep:
             self.step = served.step
             await asyncio.to_thread(served.store.publish_pending)  # what an earlier step could not publish
             self._enter("validate")
-            if reason := _empty_reason(self.groups, self.sft):
+            if reason := self.kind.empty_reason(self.groups):
                 return await self._nothing_to_train(reason)
             batch = await self._tokenise()
-            if not batch.sequences and (self.sft or batch.metrics["num_dropped_too_long"]):
+            if self.kind.nothing_left(batch):
                 return await self._nothing_to_train(batch.skipped_reason)
             metrics: dict[str, Any] = {names.data(k): v for k, v in batch.metrics.items()}
             if not batch.sequences:
@@ -139,32 +137,15 @@ class TrainStep:
         self._enter("tokenise")
         config, served = self.config, self.served
         max_seq_length = config.max_seq_length or served.trainer.max_seq_length
-        if self.sft:
-            trajectories = self.groups[0].trajectories
-            return await asyncio.to_thread(
-                tokenize_sft, served.tokenizer, trajectories, config, max_seq_length=max_seq_length
-            )
-        return await asyncio.to_thread(
-            tokenize_groups,
-            served.tokenizer,
-            self.groups,
-            scale_rewards=config.scale_rewards,
-            allow_training_without_logprobs=config.allow_training_without_logprobs,
-            max_seq_length=max_seq_length,
-        )
+        return await self.kind.tokenise(served.tokenizer, self.groups, config, max_seq_length)
 
     async def _nothing_to_train(self, reason: str) -> TrainResult:
         """No data to learn from: an error, or (if asked) a skipped step in the history without a checkpoint."""
         store, step = self.served.store, self.step
-        if self.sft or self.config.on_nothing_to_train == "raise":
-            advice = (
-                "Check the examples: SFT trains their assistant turns"
-                if self.sft
-                else "Gather again, or pass on_nothing_to_train='skip' to record a skipped step instead"
-            )
+        if self.kind.raises_when_nothing(self.config):
             raise NothingToTrainError(
                 f"nothing to train on at step {step}: {reason}. The step did not advance and nothing was "
-                f"written. {advice}"
+                f"written. {self.kind.advice}"
             )
         metrics = {names.SKIPPED: 1}
         await asyncio.to_thread(store.append_history, self._history_row(metrics))
@@ -192,27 +173,10 @@ class TrainStep:
     async def _train(self, batch: TokenizedBatch | SFTBatches) -> dict[str, Any]:
         """The update: one GRPO optimizer step, or one SFT optimizer step per batch at its learning rate."""
         self._enter("train")
-        trainer, config = self.served.trainer, self.config
-        if _last_update_kind(self.served.store, self.step) not in (None, "sft" if self.sft else "rl"):
-            await self.backend._on_trainer_thread(trainer.reset_optimizer)
-        if not self.sft:
-            trained = await self.backend._on_trainer_thread(trainer.train, batch.sequences, config)
-            return {names.trainer(k): v for k, v in trained.items()}
-        updates = []
-        with tqdm(total=len(batch.batches), desc="sft train") as bar:
-            for sequences, learning_rate in zip(batch.batches, batch.learning_rates, strict=True):
-                update = partial(
-                    trainer.train_sft,
-                    sequences,
-                    learning_rate,
-                    max_grad_norm=config.max_grad_norm,
-                    weight_decay=config.weight_decay,
-                    micro_batch_tokens=config.micro_batch_tokens,
-                )
-                updates.append(await self.backend._on_trainer_thread(update))
-                bar.update()
-                bar.set_postfix(loss=f"{updates[-1]['loss']:.4f}")
-        return {names.trainer(k): v for k, v in summarize_sft_updates(updates).items()}
+        trainer, on_trainer_thread = self.served.trainer, self.backend._on_trainer_thread
+        if _last_update_kind(self.served.store, self.step) not in (None, self.kind.name):
+            await on_trainer_thread(trainer.reset_optimizer)
+        return await self.kind.train(on_trainer_thread, trainer, batch, self.config)
 
     async def _commit(self, metrics: dict[str, Any], write: Any) -> TrainResult:
         """Checkpoint step+1 (written by `write`, or a copy when None) with the history row and the rollouts in
@@ -285,33 +249,10 @@ class TrainStep:
             await served.engine.stop()
 
     def _history_row(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        # SFT examples have no reward: a 0 in train/reward would look like a collapse on the reward plot
-        summary = (
-            {}
-            if self.sft
-            else {names.split_metric("train", k): v for k, v in summarize_groups(self.groups).items()}
-        )
-        lag = {} if self.sft else policy_lag(self.groups, self.step)
+        summary = self.kind.row_summary(self.groups, self.step)
         return names.drop_duplicates(
-            {"step": self.step, "split": "train", **summary, **lag, **self.extra_row, **metrics}
+            {"step": self.step, "split": "train", **summary, **self.extra_row, **metrics}
         )
-
-
-def policy_lag(groups: list[TrajectoryGroup], step: int) -> dict[str, float]:
-    """How many steps behind `step` the policies that sampled the batch were (from each trajectory's
-    `initial_policy_version`; nothing when no trajectory has one, as in a synchronous loop's batch)."""
-    lags = [
-        step - t.initial_policy_version
-        for g in groups
-        for t in g.trajectories
-        if t.initial_policy_version is not None
-    ]
-    if not lags:
-        return {}
-    return {
-        names.trainer("steps_off_policy"): sum(lags) / len(lags),
-        names.trainer("steps_off_policy_max"): float(max(lags)),
-    }
 
 
 def _last_update_kind(store: RunStore, step: int) -> str | None:
@@ -325,16 +266,6 @@ def _last_update_kind(store: RunStore, step: int) -> str | None:
             return "sft"
         if names.SKIPPED not in commit.history:
             return "rl"
-    return None
-
-
-def _empty_reason(groups: list[TrajectoryGroup], sft: bool = False) -> str | None:
-    if sft and not any(g.trajectories for g in groups):
-        return "train_sft got no trajectories"
-    if not groups:
-        return "the batch is empty (no groups: were they all dropped by after_each / RULER?)"
-    if not any(g.trajectories for g in groups):
-        return "no group of the batch has a trajectory (did every rollout fail?)"
     return None
 
 

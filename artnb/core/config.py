@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .ignored import report_ignored
+
+if TYPE_CHECKING:
+    from .grpo import LossSettings
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -167,6 +170,23 @@ class TrainConfig(_Strict):
             return eps, eps if self.epsilon_high is None else self.epsilon_high
         eps = 1.0 if self.epsilon is None else self.epsilon
         return eps, 4.0 if self.epsilon_high is None else self.epsilon_high
+
+    def loss_settings(self) -> LossSettings:
+        """What `grpo.policy_loss` takes from this config, epsilons resolved."""
+        from .grpo import LossSettings  # torch: not at `import artnb`
+
+        epsilon, epsilon_high = self.resolved_epsilons()
+        return LossSettings(
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+            loss_fn=self.loss_fn,
+            importance_sampling_level=self.importance_sampling_level,
+            max_negative_advantage_importance_sampling_weight=self.max_negative_advantage_importance_sampling_weight,
+            mask_prob_ratio=self.mask_prob_ratio,
+            kimi_k2_tau=self.kimi_k2_tau,
+            kl_penalty_coef=self.kl_penalty_coef,
+            truncated_importance_sampling=self.truncated_importance_sampling,
+        )
 
 
 # ART keywords that set a TrainConfig field under another name: keyword -> the fields its value sets.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -83,22 +84,30 @@ def importance_ratio(log_ratio: Tensor, selected: Tensor, level: str = "token") 
     return torch.exp((log_ratio + sequence_log) / 2)
 
 
+@dataclass(frozen=True)
+class LossSettings:
+    """What shapes the GRPO loss besides the tensors: one object, built from a step's config by
+    `TrainConfig.loss_settings()` (see `policy_loss` for what each field does)."""
+
+    epsilon: float
+    epsilon_high: float
+    loss_fn: str = "cispo"
+    importance_sampling_level: str = "token"
+    max_negative_advantage_importance_sampling_weight: float | None = None
+    mask_prob_ratio: bool = False
+    kimi_k2_tau: float | None = None
+    kl_penalty_coef: float = 0.0
+    truncated_importance_sampling: float | None = None
+
+
 def policy_loss(
     new_logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    settings: LossSettings,
     *,
-    loss_fn: str = "cispo",
-    epsilon: float,
-    epsilon_high: float,
-    importance_sampling_level: str = "token",
-    max_negative_advantage_importance_sampling_weight: float | None = None,
-    mask_prob_ratio: bool = False,
-    kimi_k2_tau: float | None = None,
     ref_logprobs: Tensor | None = None,
-    kl_penalty_coef: float = 0.0,
-    truncated_importance_sampling: float | None = None,
     sampling_logprobs: Tensor | None = None,
     denominator: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -131,10 +140,13 @@ def policy_loss(
     >>> import torch
     >>> new = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     >>> loss, m = policy_loss(new, torch.tensor([[-1.0, float("nan")]]), torch.tensor([[1.0, 1.0]]),
-    ...                       torch.tensor([[1.0, 1.0]]), epsilon=1.0, epsilon_high=4.0)
+    ...                       torch.tensor([[1.0, 1.0]]), LossSettings(epsilon=1.0, epsilon_high=4.0))
     >>> round(loss.item(), 3), m["ratio_mean"]
     (1.5, 1.0)
     """
+    loss_fn, epsilon, epsilon_high = settings.loss_fn, settings.epsilon, settings.epsilon_high
+    kimi_k2_tau, kl_penalty_coef = settings.kimi_k2_tau, settings.kl_penalty_coef
+    truncated_importance_sampling = settings.truncated_importance_sampling
     if loss_fn not in ("cispo", "ppo"):
         raise ValueError(f"loss_fn {loss_fn!r} is unknown; use 'cispo' or 'ppo'")
     weight = mask.to(new_logprobs.dtype)
@@ -151,10 +163,10 @@ def policy_loss(
     known = ~torch.isnan(old_logprobs) & selected
     old = torch.where(known, old_logprobs.to(new_logprobs.dtype), new_logprobs.detach())
     log_ratio = new_logprobs - old
-    ratio = importance_ratio(log_ratio, selected, importance_sampling_level)
+    ratio = importance_ratio(log_ratio, selected, settings.importance_sampling_level)
     ratio_mean = (ratio.detach() * selected).sum().item()
     ratio_square_sum = (ratio.detach() ** 2 * selected).sum().item()
-    cap = max_negative_advantage_importance_sampling_weight
+    cap = settings.max_negative_advantage_importance_sampling_weight
     if cap is not None:
         ratio = ratio.clamp(max=cap)
     low, high = max(0.0, 1.0 - epsilon), 1.0 + epsilon_high
@@ -165,7 +177,7 @@ def policy_loss(
         per_token = -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
     else:
         per_token = -ratio.detach().clamp(low, high) * advantages * new_logprobs
-    if mask_prob_ratio:
+    if settings.mask_prob_ratio:
         per_token = torch.where(outside, zeros, per_token)
 
     if truncated_importance_sampling is not None:
@@ -174,7 +186,7 @@ def policy_loss(
         else:
             rho_known = ~torch.isnan(sampling_logprobs) & selected
             sampled = torch.where(rho_known, sampling_logprobs.to(old.dtype), old)
-            rho = importance_ratio(old.detach() - sampled, selected, importance_sampling_level)
+            rho = importance_ratio(old.detach() - sampled, selected, settings.importance_sampling_level)
         is_weight = rho.clamp(max=truncated_importance_sampling)
         per_token = per_token * torch.where(rho_known, is_weight, torch.ones_like(is_weight))
 

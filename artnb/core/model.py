@@ -253,7 +253,9 @@ class Model(BaseModel, Generic[ModelConfig]):
             self.store.append_history(row)
         integrations.report(self, row, groups)
 
-    async def _record(self, groups: list[TrajectoryGroup], outcome: TrainOutcome, config: Any) -> None:
+    async def _record(
+        self, groups: list[TrajectoryGroup], outcome: TrainOutcome, config: TrainConfig
+    ) -> None:
         """What a train step this model asked for committed: kept, so that ART's `model.log(groups,
         split="train")` merges into it, and reported (W&B, Trackio, Langfuse), with the judges' spend."""
         committed = outcome.committed
@@ -363,8 +365,8 @@ class TrainableModel(Model[ModelConfig]):
 
         >>> await model.train_sft(trajectories, art.TrainSFTConfig(batch_size=4))
 
-        `_config` is a dict of TrainSFTConfig fields (ART's experimental `dev.TrainSFTConfig`); `verbose` prints
-        a summary. Returns the TrainResult (ART returns None). For a JSONL file or a learning-rate schedule see
+        `_config` is a dict of TrainSFTConfig fields (ART's experimental `dev.TrainSFTConfig`), and keyword
+        `options` override fields too (`learning_rate=1e-4, batch_size=4`); `verbose` prints a summary. Returns the TrainResult (ART returns None). For a JSONL file or a learning-rate schedule see
         `artnb.utils.sft.train_sft_from_file` and `create_sft_dataset_iterator`.
         """
         from .sft import sft_step_line

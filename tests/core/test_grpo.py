@@ -5,9 +5,26 @@ import math
 import pytest
 import torch
 
-from artnb.core.grpo import balance_advantage, group_advantages, importance_ratio, policy_loss
+from artnb.core import grpo
+from artnb.core.grpo import LossSettings, balance_advantage, group_advantages, importance_ratio
 
 NAN = float("nan")
+
+
+def policy_loss(
+    new, old, advantages, mask, *, ref_logprobs=None, sampling_logprobs=None, denominator=None, **settings
+):
+    """`grpo.policy_loss` with its LossSettings given as keywords, as the cases below read best."""
+    return grpo.policy_loss(
+        new,
+        old,
+        advantages,
+        mask,
+        LossSettings(**settings),
+        ref_logprobs=ref_logprobs,
+        sampling_logprobs=sampling_logprobs,
+        denominator=denominator,
+    )
 
 
 def leaf(values: list[float]) -> torch.Tensor:

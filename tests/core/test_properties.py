@@ -20,7 +20,7 @@ from openai.types.chat.chat_completion import Choice
 from transformers import AutoTokenizer
 
 import artnb.models
-from artnb.core.grpo import group_advantages, policy_loss
+from artnb.core.grpo import LossSettings, group_advantages, policy_loss
 from artnb.core.ruler import _parse, _Unusable
 from artnb.core.store import _rollout_frame, read_rollouts
 from artnb.core.tokenize import tokenize_trajectory
@@ -95,10 +95,7 @@ def test_the_loss_is_finite_for_any_finite_logprobs_and_advantages(rows, cols, l
         old,
         advantages[:, None].expand(rows, cols),
         mask,
-        loss_fn=loss_fn,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        importance_sampling_level=level,
+        LossSettings(epsilon=0.2, epsilon_high=0.28, loss_fn=loss_fn, importance_sampling_level=level),
     )
     assert torch.isfinite(loss)
     loss.backward()

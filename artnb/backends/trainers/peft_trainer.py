@@ -306,7 +306,7 @@ class PeftTrainer:
     def _accumulate_gradients(self, batches: list[_MicroBatch], config: TrainConfig, bar) -> _Sums:
         """Forward, loss and backward per micro-batch; the gradients add up to the whole batch's."""
         denominator = sum(int(b.mask.sum()) for b in batches)
-        epsilon, epsilon_high = config.resolved_epsilons()
+        settings = config.loss_settings()
         sums = _Sums(denominator)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -322,18 +322,8 @@ class PeftTrainer:
                 batch.old_logprobs,
                 batch.advantages,
                 batch.mask,
-                loss_fn=config.loss_fn,
-                epsilon=epsilon,
-                epsilon_high=epsilon_high,
-                importance_sampling_level=config.importance_sampling_level,
-                max_negative_advantage_importance_sampling_weight=(
-                    config.max_negative_advantage_importance_sampling_weight
-                ),
-                mask_prob_ratio=config.mask_prob_ratio,
-                kimi_k2_tau=config.kimi_k2_tau,
+                settings,
                 ref_logprobs=ref,
-                kl_penalty_coef=config.kl_penalty_coef,
-                truncated_importance_sampling=config.truncated_importance_sampling,
                 sampling_logprobs=batch.sampled_logprobs,
                 denominator=denominator,
             )
