@@ -205,7 +205,8 @@ async def test_an_art_loop_trains_over_the_server_and_reads_the_mirror(server, t
         )
     ]
     joined = art.openai.accumulate_chunks(chunks)
-    assert len(chunks) >= 4 and len(joined.choices[0].model_extra["token_ids"]) == 4
+    # pieces, not one body (a piece may hold two tokens: a character split across them waits for its bytes)
+    assert len(chunks) >= 2 and len(joined.choices[0].model_extra["token_ids"]) == 4
     text = await base.openai_client().completions.create(
         model=base.get_inference_name(), prompt="hi", max_tokens=3
     )
