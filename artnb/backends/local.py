@@ -25,16 +25,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
 from .. import integrations
 from ..core import metric_names as names
-from ..core.config import TrainerConfig, low_memory_requested
+from ..core.config import TrainConfig, TrainerConfig, low_memory_requested
 from ..core.contracts import Engine, Trainer
 from ..core.ignored import report_ignored, warn_user
 from ..core.model import Model, TrainableModel, TrainResult
+from ..core.sft import TrainSFTConfig
 from ..core.store import RunLock, RunStore, copy_checkpoint_files
 from ..core.train_request import Committed, SFTRequest, TrainOutcome, TrainRequest
 from ..core.trajectory import TrajectoryGroup
@@ -472,9 +473,7 @@ class LocalBackend(ArtTrainSpellings):
         one whose groups all have equal rewards advances the step without an update, as ART does.
         """
         served = self._get(model)
-        config = request.config
-        if config.max_seq_length is None and served.settings.max_seq_length:
-            config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
+        config = _with_max_seq_length(request.config, served.settings)
         extra_row = {}
         if request.after_each_failures is not None:  # from gather_trajectory_groups
             extra_row[names.AFTER_EACH_FAILURES] = len(request.after_each_failures)
@@ -490,9 +489,7 @@ class LocalBackend(ArtTrainSpellings):
         NothingToTrainError. The next RL step continues from this checkpoint with a fresh optimizer.
         """
         served = self._get(model)
-        config = request.config
-        if config.max_seq_length is None and served.settings.max_seq_length:
-            config = config.model_copy(update={"max_seq_length": served.settings.max_seq_length})
+        config = _with_max_seq_length(request.config, served.settings)
         groups = [TrajectoryGroup(request.trajectories)] if request.trajectories else []
         step = TrainStep(self, served, groups, config)
         return await self._outcome(served, step, await step.run())
@@ -730,3 +727,13 @@ def _options_for(engine_class: type, options: dict[str, Any], kind: str) -> dict
             f"it takes {sorted(accepted)}"
         )
     return options
+
+
+_StepConfig = TypeVar("_StepConfig", TrainConfig, TrainSFTConfig)
+
+
+def _with_max_seq_length(config: _StepConfig, settings: InternalSettings) -> _StepConfig:
+    """A step's config with the model's max_seq_length (its `_internal_config`) when the step set none."""
+    if config.max_seq_length is None and settings.max_seq_length:
+        return config.model_copy(update={"max_seq_length": settings.max_seq_length})
+    return config
