@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from .backends.server import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT
+    from .backends.trainers.choice import TRAINER_KINDS
 
     serve = sub.add_parser(
         "serve",
@@ -51,6 +52,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "required unless --host is a loopback address",
     )
     serve.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="inference engine")
+    serve.add_argument(
+        "--trainer",
+        choices=list(TRAINER_KINDS),
+        default="auto",
+        help="trainer (default auto); fsdp trains on every GPU, across nodes when torchrun started its ranks",
+    )
     serve.add_argument(
         "--engine-options",
         type=json.loads,
@@ -81,6 +88,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         port=args.port,
         api_key=api_key,
         engine=args.engine,
+        trainer=args.trainer,
         max_request_bytes=args.max_request_bytes,
         engine_options=args.engine_options,
     )

@@ -252,7 +252,7 @@ class ArtnbServer:
             raise ValueError(f"the body registers {model.project}/{model.name}, the path {project}/{name}")
         async with self.register_locks[key]:
             await model.register(self.backend)  # as in a notebook: the model's base_path is the server's path
-            if not model.trainable:
+            if not isinstance(model, TrainableModel):  # model_from_wire: a TrainableModel when trainable
                 return {"step": None, "lora": None}
             self.models[key] = model
             step = await self.backend.get_step(model)
@@ -268,7 +268,9 @@ class ArtnbServer:
     async def train(self, model: TrainableModel, body: bytes, sft: bool) -> dict[str, Any]:
         data = await asyncio.to_thread(loads, body)
         store = RunStore(self.backend.path, model.project, model.name)
-        with self.phases.listen(store, *_operation_events.get()):
+        events = _operation_events.get()
+        assert events is not None, "train runs as an operation (_operation sets its events)"
+        with self.phases.listen(store, *events):
             if sft:
                 trajectories = await asyncio.to_thread(trajectories_from_wire, data["trajectories"])
                 request = SFTRequest(trajectories, sft_config_from_wire(data["config"]))
@@ -550,6 +552,7 @@ def serve(
     engine: str = "auto",
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     engine_options: dict[str, Any] | None = None,
+    trainer: str = "auto",
 ) -> None:
     """Serve a LocalBackend over `path` until interrupted (`artnb serve`). `api_key` None: $ARTNB_API_KEY."""
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -558,7 +561,7 @@ def serve(
         raise ValueError(f"max_request_bytes={max_request_bytes}: pass a positive number of bytes")
     import uvicorn
 
-    backend = LocalBackend(path=path, engine=engine, engine_options=engine_options)  # type: ignore[arg-type]
+    backend = LocalBackend(path=path, engine=engine, trainer=trainer, engine_options=engine_options)  # type: ignore[arg-type]
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)

@@ -22,6 +22,12 @@ says what to run (a `sky.Task`) and which of SkyPilot's calls to make. Design ch
   own log output into the cell, and waiting for `/health` watches the job so a failed setup stops the wait.
   Interrupting the cell stops the waiting, not SkyPilot's request (`sky api status`, `sky status` show it).
 
+- Multi-node (`num_nodes=2`): SkyPilot runs the same `run` on every node. Each node starts torchrun with its
+  rendezvous from SkyPilot's environment (the head is the first of SKYPILOT_NODE_IPS, the node's rank is
+  SKYPILOT_NODE_RANK, one rank per GPU), running the FSDP trainer's ranks (trainers/fsdp_rank.py); the head node
+  also runs `artnb serve --trainer fsdp`, whose trainer attaches to rank 0 on the head node (ARTNB_FSDP_CONTROL,
+  with a key derived from the server's secret key). vLLM serves from the head node's GPUs.
+
 Not handled: spot preemption (a preempted cluster is gone with its run directory; SkyPilot's managed jobs would
 relaunch it elsewhere, but under a new address and without the checkpoints), and TLS (the server is reached
 over plain HTTP at the cluster's public address; the API key guards it, the traffic is not encrypted).
@@ -43,17 +49,20 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from ..core.atomic import write_atomic
+from .placement import FSDP_AUTHKEY_ENV, FSDP_CONTROL_ENV
 from .remote import RemoteBackend
 from .server import API_KEY_ENV, DEFAULT_PORT, check_bind
 
 if TYPE_CHECKING:
-    import sky
+    import sky  # pyright: ignore[reportMissingImports]  # optional: artnb[skypilot]
 
 SERVER_JOB = "artnb-serve"  # the SkyPilot job name of the server, found again with `sky.queue`
 KEYS_DIR = Path("~/.artnb/skypilot")
 INSTALL_HINT = "pip install 'artnb[skypilot]'  (then `sky check` to enable a cloud)"
 # SkyPilot job states in which the server job is still alive (sky.JobStatus values).
 ACTIVE_JOB_STATES = frozenset({"INIT", "PENDING", "SETTING_UP", "RUNNING"})
+TORCHRUN_PORT = 29500  # the rendezvous port on the head node (nodes reach each other on SkyPilot's network)
+FSDP_CONTROL_PORT = 29501  # where rank 0 waits for the server's FsdpTrainer (loopback on the head node)
 
 
 # what runs on the cluster (pure data) ------------------------------------------------------------------
@@ -120,6 +129,10 @@ class ServerTask:
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
     runs_dir: str = "~/artnb-runs"  # `artnb serve --path` on the cluster's disk (gone after down())
+    num_nodes: int = 1  # > 1: torchrun on every node runs the FSDP trainer's ranks; the head node serves
+    trainer: str | None = (
+        None  # `artnb serve --trainer`; None: "fsdp" on several nodes, else the server's default
+    )
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)  # the server's own rule: beyond loopback only with a key
@@ -141,10 +154,29 @@ class ServerTask:
     @property
     def run(self) -> str:
         argv = ["serve", "--path", self.runs_dir, "--host", self.host, "--port", str(self.port)]
+        trainer = self.trainer or ("fsdp" if self.num_nodes > 1 else None)
+        if trainer:
+            argv += ["--trainer", trainer]
         if self.engine_options:
             argv += ["--engine-options", json.dumps(self.engine_options, sort_keys=True)]
         quoted = " ".join(a if a == self.runs_dir else shlex.quote(a) for a in argv)  # `~` must expand
-        return f"exec ~/artnb-venv/bin/artnb {quoted}"
+        serve = f"exec ~/artnb-venv/bin/artnb {quoted}"
+        if self.num_nodes == 1:
+            return serve
+        return "\n".join(
+            [
+                "set -euo pipefail",
+                'HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+                f"export {FSDP_CONTROL_ENV}=127.0.0.1:{FSDP_CONTROL_PORT}  # rank 0 runs on the head node",
+                f'export {FSDP_AUTHKEY_ENV}=$(printf %s "${API_KEY_ENV}" | sha256sum | cut -c1-64)',
+                "~/artnb-venv/bin/python -m torch.distributed.run"
+                ' --nnodes="$SKYPILOT_NUM_NODES" --nproc-per-node="$SKYPILOT_NUM_GPUS_PER_NODE"'
+                ' --node-rank="$SKYPILOT_NODE_RANK" --master-addr="$HEAD_IP"'
+                f" --master-port={TORCHRUN_PORT} -m artnb.backends.trainers.fsdp_rank &",
+                f'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then {serve}; fi',
+                "wait",
+            ]
+        )
 
     @property
     def envs(self) -> dict[str, str]:
@@ -162,6 +194,7 @@ class ServerTask:
             envs=self.envs,
             secrets=self.task_secrets(),
             workdir=self.install.workdir,
+            num_nodes=self.num_nodes,
         )
         return task.set_resources(resources)
 
@@ -171,14 +204,14 @@ def server_resources(
 ) -> sky.Resources:
     """`resources` (default: any cloud SkyPilot finds cheapest) with `gpu` when it names no accelerator, and
     `port` opened. `gpu` is SkyPilot's accelerator string: "H100", "H100:2", "A100-80GB:8"; None for CPU only."""
-    resources = resources if resources is not None else sky_module.Resources()
+    chosen: Any = resources if resources is not None else sky_module.Resources()
     overrides: dict[str, Any] = {}
-    if not resources.accelerators and gpu is not None:
+    if not chosen.accelerators and gpu is not None:
         overrides["accelerators"] = gpu
-    ports = list(resources.ports or [])
+    ports = list(chosen.ports or [])
     if str(port) not in ports:
         overrides["ports"] = [*ports, str(port)]
-    return resources.copy(**overrides) if overrides else resources
+    return chosen.copy(**overrides) if overrides else chosen
 
 
 def read_env_file(env_path: str | Path | None) -> dict[str, str]:
@@ -263,7 +296,7 @@ def new_key(cluster_name: str, keys_dir: Path = KEYS_DIR) -> str:
 def import_sky() -> Any:
     """SkyPilot's SDK, or an ImportError that says how to install it."""
     try:
-        import sky
+        import sky  # pyright: ignore[reportMissingImports]  # optional: artnb[skypilot]
     except ImportError as e:
         raise ImportError(f"SkyPilotBackend needs SkyPilot: {INSTALL_HINT}") from e
     if "secrets" not in inspect.signature(sky.Task.__init__).parameters or not hasattr(sky, "endpoints"):
@@ -326,7 +359,9 @@ class SkyPilotBackend(RemoteBackend):
         await backend.down()   # deletes the cluster, its run directory with it
 
     More than one GPU: ask SkyPilot for them and give vLLM the split, e.g. `gpu="H100:2",
-    engine_options={"extra_args": ["--tensor-parallel-size", "2"]}` (or "--data-parallel-size").
+    engine_options={"extra_args": ["--tensor-parallel-size", "2"]}` (or "--data-parallel-size"), and
+    `trainer="fsdp"` to train on all of them. More than one node: `resources=sky.Resources(accelerators="H100:8"),
+    num_nodes=2` (the FSDP trainer on all 16 GPUs, vLLM on the head node's).
     Spot or a given cloud/region: `resources=sky.Resources(infra="aws/us-east-1", use_spot=True)`.
     """
 
@@ -352,6 +387,8 @@ class SkyPilotBackend(RemoteBackend):
         engine_options: dict[str, Any] | None = None,
         path: str | None = None,
         health_timeout_s: float = 1800.0,
+        num_nodes: int = 1,
+        trainer: str | None = None,
         **launch_options: Any,
     ) -> SkyPilotBackend:
         """Launch (or reuse) a SkyPilot cluster running `artnb serve` and return a backend connected to it.
@@ -363,6 +400,9 @@ class SkyPilotBackend(RemoteBackend):
         force_restart: restart the server (after syncing and running setup again) on the same machine.
         engine_options: LocalBackend's engine_options on the server. path: RemoteBackend's `path`.
         health_timeout_s: how long the server may take to answer after SkyPilot started it (setup included).
+        num_nodes: machines in the cluster; above 1 the FSDP trainer spans them (see the module docstring).
+        trainer: `artnb serve --trainer` ("fsdp" for every GPU of one machine); None: the server's default,
+          "fsdp" when num_nodes > 1.
         launch_options: passed to `sky.launch`, e.g. `idle_minutes_to_autostop=60`, `retry_until_up=True`.
         """
         sky_module = import_sky()
@@ -389,10 +429,21 @@ class SkyPilotBackend(RemoteBackend):
         if plan.cancel_job is not None:
             await _sky(sky_module, sky_module.cancel, cluster_name, job_ids=[plan.cancel_job])
         if plan.action == "connect":
+            assert (
+                server_job is not None and key is not None
+            )  # plan_cluster connects to a running job we keyed
             job_id = server_job[0]
         else:
             key = new_key(cluster_name)
-            spec = ServerTask(install, bool(res.accelerators), key, env_secrets, engine_options)
+            spec = ServerTask(
+                install,
+                bool(res.accelerators),
+                key,
+                env_secrets,
+                engine_options,
+                num_nodes=num_nodes,
+                trainer=trainer,
+            )
             task = spec.to_sky(sky_module, res)
             if plan.action == "launch":
                 call, kw = sky_module.launch, {"cluster_name": cluster_name, **launch_options}

@@ -277,3 +277,65 @@ async def test_unknown_launch_option_fails_before_any_skypilot_call():
     _sky()
     with pytest.raises(TypeError, match=r"unknown \['retry_until_upp'\]"):
         await sp.SkyPilotBackend.initialize_cluster("art", retry_until_upp=True)
+
+
+def test_multi_node_run_script_starts_torchrun_everywhere_and_the_server_on_the_head():
+    spec = _spec(num_nodes=2)
+    subprocess.run(["bash", "-n", "-c", spec.run], check=True)
+    lines = spec.run.splitlines()
+    (torchrun,) = [line for line in lines if "torch.distributed.run" in line]
+    for flag in (
+        '--nnodes="$SKYPILOT_NUM_NODES"',
+        '--node-rank="$SKYPILOT_NODE_RANK"',
+        '--master-addr="$HEAD_IP"',
+    ):
+        assert flag in torchrun
+    assert torchrun.endswith("-m artnb.backends.trainers.fsdp_rank &")
+    (serve,) = [line for line in lines if "artnb serve" in line or "bin/artnb" in line]
+    assert serve.startswith('if [ "$SKYPILOT_NODE_RANK" = 0 ]') and "--trainer fsdp" in serve
+    assert KEY not in spec.run  # the ranks' key is derived on the node from the secret
+    assert "--trainer" not in _spec().run  # one node: the server's default trainer, as before
+    assert "--trainer fsdp" in _spec(trainer="fsdp").run
+
+
+def test_multi_node_run_script_runs_torchrun_with_skypilots_environment(tmp_path):
+    """The script on a worker node (rank 1 of 2), with a stand-in venv whose python echoes its arguments."""
+    python = tmp_path / "artnb-venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "python $*" "control=$ARTNB_FSDP_CONTROL" "key=$ARTNB_FSDP_AUTHKEY"\n')
+    python.chmod(0o755)
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6",
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NUM_NODES": "2",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "8",
+        API_KEY_ENV: KEY,
+    }
+    out = subprocess.run(
+        ["bash", "-c", _spec(num_nodes=2).run], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "--nnodes=2 --nproc-per-node=8 --node-rank=1 --master-addr=10.0.0.5 --master-port=29500" in out.stdout
+    )
+    assert "control=127.0.0.1:29501" in out.stdout
+    assert len(out.stdout.split("key=")[1].strip()) == 64 and KEY not in out.stdout
+
+
+def test_skypilot_multi_node_task():
+    sky = _sky()
+    resources = sp.server_resources(sky, None, sky.Resources(accelerators="H100:8"), 7999)
+    spec = _spec(num_nodes=2)
+    task = spec.to_sky(sky, resources)
+    assert task.num_nodes == 2 and task.run == spec.run
+    (res,) = task.resources
+    assert res.accelerators == {"H100": 8}
+    config = task.to_yaml_config()
+    assert config["num_nodes"] == 2
+    again = sky.Task.from_yaml_config(copy.deepcopy(config))
+    assert again.num_nodes == 2 and again.run == spec.run
+    task.validate_name()
+    task.validate_run()
+    task.expand_and_validate_workdir()

@@ -47,7 +47,11 @@ def test_explicit_choices():
     assert choose_trainer("unsloth", on_cuda=True, unsloth_problem=None)[0] == "unsloth"
     with pytest.raises(RuntimeError, match=r"trainer='unsloth'\): broken wheel\. Use trainer='peft'"):
         choose_trainer("unsloth", on_cuda=True, unsloth_problem="broken wheel")
-    with pytest.raises(ValueError, match="choose 'auto', 'peft' or 'unsloth'"):
+    assert choose_trainer("fsdp", on_cuda=False, unsloth_problem="no GPU") == (
+        "fsdp",
+        "trainer='fsdp' was asked for",
+    )
+    with pytest.raises(ValueError, match="choose 'auto', 'peft', 'unsloth' or 'fsdp'"):
         choose_trainer("trl", on_cuda=True, unsloth_problem=None)
 
 

@@ -1,4 +1,5 @@
-"""Which trainer LocalBackend builds: "auto" (Unsloth on CUDA where it imports, else PEFT), "peft" or "unsloth".
+"""Which trainer LocalBackend builds: "auto" (Unsloth on CUDA where it imports, else PEFT), "peft", "unsloth" or
+"fsdp" (the PEFT step on N ranks with FSDP2, fsdp_trainer.py; asked for by name only).
 
 The decision (`choose_trainer`) is a pure function of what was asked, whether CUDA is there and why Unsloth cannot
 train (or None), so every message can be checked on any machine. Whether Unsloth imports is found out in a
@@ -9,6 +10,7 @@ it chose what it chose: a warning when a GPU user gets PEFT instead of Unsloth, 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ...core.config import LoRAConfig, TrainerConfig
@@ -20,17 +22,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("artnb")
 
-TrainerKind = Literal["auto", "peft", "unsloth"]
-TRAINER_KINDS = ("auto", "peft", "unsloth")
+TrainerKind = Literal["auto", "peft", "unsloth", "fsdp"]
+TRAINER_KINDS = ("auto", "peft", "unsloth", "fsdp")
 _said: set[str] = set()
 
 
 def choose_trainer(requested: str, *, on_cuda: bool, unsloth_problem: str | None) -> tuple[str, str]:
-    """("peft" or "unsloth", why). `trainer="unsloth"` where Unsloth cannot train raises with the reason."""
+    """("peft", "unsloth" or "fsdp", why). `trainer="unsloth"` where Unsloth cannot train raises with the reason."""
     if requested not in TRAINER_KINDS:
-        raise ValueError(f"trainer={requested!r}: choose 'auto', 'peft' or 'unsloth'")
-    if requested == "peft":
-        return "peft", "trainer='peft' was asked for"
+        raise ValueError(f"trainer={requested!r}: choose 'auto', 'peft', 'unsloth' or 'fsdp'")
+    if requested in ("peft", "fsdp"):
+        return requested, f"trainer={requested!r} was asked for"
     if requested == "unsloth":
         if unsloth_problem is not None:
             raise RuntimeError(
@@ -51,13 +53,23 @@ def make_trainer(
     lora: LoRAConfig,
     config: TrainerConfig,
     preset: GPUPreset | None = None,
+    log_dir: str | Path | None = None,
 ) -> Trainer:
-    """Build the trainer `requested` ("auto", "peft", "unsloth") for `base_model_path`, saying why once."""
+    """Build the trainer `requested` ("auto", "peft", "unsloth", "fsdp") for `base_model_path`, saying why once.
+    "fsdp" prints where vLLM and the trainer's ranks go on this machine (placement.py)."""
     import torch
 
     from .unsloth_trainer import INSTALL, unsloth_problem
 
     on_cuda = config.device != "cpu" and torch.cuda.is_available()
+    if requested == "fsdp":
+        from .fsdp_trainer import FsdpTrainer, local_placement
+
+        placement = local_placement(base_model_path, config)
+        print(f"artnb: {placement}", flush=True)
+        return FsdpTrainer(
+            base_model_path, lora, config, ranks=len(placement.train_gpus) or 2, log_dir=log_dir
+        )
     problem = None if requested == "peft" else unsloth_problem()
     kind, why = choose_trainer(requested, on_cuda=on_cuda, unsloth_problem=problem)
     _say_once(f"artnb: {why}", warn=on_cuda and requested == "auto" and kind == "peft")

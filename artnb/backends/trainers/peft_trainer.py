@@ -30,6 +30,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.utils.checkpoint
@@ -41,15 +42,19 @@ from ...core.ignored import report_ignored
 from ...core.tokenize import TokenizedSequence
 from ..cpu_threads import cpu_threads
 
-_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+if TYPE_CHECKING:  # imported where used: `import artnb` loads neither
+    from peft import LoraConfig
+    from transformers import PreTrainedModel
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 _MIN_SHARED_PREFIX = 16  # below this, a separate pass over the prefix costs more than it saves
 _PASS_COST = 16  # what one more forward/backward pass costs, in tokens, beyond its own
-_ADAPTER_CONFIG = "adapter_config.json"
-_OPTIMIZER = "optimizer.pt"
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER_STATE = "optimizer.pt"
 
 
 @dataclass
-class _MicroBatch:
+class MicroBatch:
     """Right-padded inputs plus per-position training tensors at the kept positions only."""
 
     input_ids: Tensor  # [B, T]
@@ -65,7 +70,7 @@ class _MicroBatch:
 
 
 @dataclass
-class _Sums:
+class LossSums:
     """Loss and metric sums over a step's micro-batches, each weighted by its share of trainable tokens."""
 
     denominator: int  # trainable tokens in the whole batch
@@ -77,10 +82,18 @@ class _Sums:
     ratio_square_mean: float = 0.0
     mismatch_sum: float = 0.0
     mismatch_count: int = 0
+    micro_batches: int = 0  # run with trainable tokens (an FSDP rank's idle passes do not count)
+    tokens: int = 0  # real tokens run, prompts included
 
-    def add(self, batch: _MicroBatch, new: Tensor, loss: float, metrics: dict[str, float]) -> None:
-        share = int(batch.mask.sum()) / self.denominator
+    def count(self, batch: MicroBatch, loss: float) -> None:
         self.loss += loss
+        if batch.num_tokens:
+            self.micro_batches += 1
+            self.tokens += batch.num_tokens
+
+    def add(self, batch: MicroBatch, new: Tensor, loss: float, metrics: dict[str, float]) -> None:
+        share = int(batch.mask.sum()) / self.denominator
+        self.count(batch, loss)
         self.policy_loss += metrics["policy_loss"]
         self.kl += metrics.get("kl", 0.0) * share
         self.clip_fraction += metrics.get("clip_fraction", 0.0) * share
@@ -96,8 +109,6 @@ class _Sums:
         *,
         grad_norm: float,
         num_sequences: int,
-        num_micro_batches: int,
-        num_tokens: int,
         seconds: float,
         learning_rate: float,
         config: TrainConfig,
@@ -111,8 +122,8 @@ class _Sums:
             "ratio_std": math.sqrt(max(self.ratio_square_mean - self.ratio_mean**2, 0.0)),
             "num_trainable_tokens": float(self.denominator),
             "num_sequences": float(num_sequences),
-            "num_micro_batches": float(num_micro_batches),
-            "tokens_per_second": num_tokens / seconds,
+            "num_micro_batches": float(self.micro_batches),
+            "tokens_per_second": self.tokens / seconds,
             "seconds": seconds,
             "learning_rate": learning_rate,
         }
@@ -145,7 +156,7 @@ class PeftTrainer:
         self.config = config
         self.model = self._load_model(str(base_model_path), lora, config)
         self.model.train()
-        model = self.model.get_base_model()
+        model = self._base_model()
         self._pad_id = _pad_token_id(model.config)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._chunkable: bool | None = None  # logits == head(decoder output)? checked at first chunked use
@@ -159,8 +170,10 @@ class PeftTrainer:
         from transformers import AutoModelForCausalLM
 
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype).to(self.device)
-        targets = _present_target_modules(model, lora.target_modules)
+        model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype).to(
+            self._load_device()  # pyright: ignore[reportArgumentType]  # transformers wraps `to`: pyright binds no self
+        )
+        targets = present_target_modules(model, lora.target_modules)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
@@ -175,16 +188,19 @@ class PeftTrainer:
         )
         return get_peft_model(model, peft_config)
 
+    def _base_model(self) -> PreTrainedModel:
+        """The transformers model inside the PeftModel (peft types it as a plain torch Module)."""
+        return cast("PreTrainedModel", self.model.get_base_model())
+
+    def _load_device(self) -> torch.device:
+        """Where the base model is loaded: this trainer's device (an FSDP rank loads on the CPU and keeps its
+        shard on its GPU)."""
+        return self.device
+
     @property
     def max_seq_length(self) -> int:
         """The base model's context length (`max_position_embeddings` or its equivalent)."""
-        cfg = self.model.get_base_model().config
-        cfg = getattr(cfg, "text_config", None) or cfg
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-            value = getattr(cfg, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return 2048
+        return context_length(self._base_model().config)
 
     # ----- checkpoints -------------------------------------------------------------------------------------
 
@@ -193,7 +209,7 @@ class PeftTrainer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(path))
-        torch.save(self.optimizer.state_dict(), path / _OPTIMIZER)
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_STATE)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Resume from a directory written by `save_checkpoint`: adapter weights, and the AdamW state if present.
@@ -203,13 +219,13 @@ class PeftTrainer:
         from peft.utils import load_peft_weights, set_peft_model_state_dict
 
         path = Path(path)
-        weights = next((path / n for n in _ADAPTER_WEIGHTS if (path / n).is_file()), None)
-        if weights is None or not (path / _ADAPTER_CONFIG).is_file():
+        weights = next((path / n for n in ADAPTER_WEIGHTS if (path / n).is_file()), None)
+        if weights is None or not (path / ADAPTER_CONFIG).is_file():
             raise FileNotFoundError(
-                f"{path} has no {_ADAPTER_WEIGHTS[0]} + {_ADAPTER_CONFIG}: pass a directory written by "
+                f"{path} has no {ADAPTER_WEIGHTS[0]} + {ADAPTER_CONFIG}: pass a directory written by "
                 "save_checkpoint (or PEFT's save_pretrained)"
             )
-        self._check_adapter_config(json.loads((path / _ADAPTER_CONFIG).read_text()), path)
+        self._check_adapter_config(json.loads((path / ADAPTER_CONFIG).read_text()), path)
         state = load_peft_weights(str(path), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state)
         missing = [k for k in result.missing_keys if "lora_" in k]
@@ -219,9 +235,9 @@ class PeftTrainer:
                 f"{list(result.unexpected_keys)[:3]}"
             )
         self.optimizer = self._new_optimizer()
-        if (path / _OPTIMIZER).is_file():
+        if (path / OPTIMIZER_STATE).is_file():
             self.optimizer.load_state_dict(
-                torch.load(path / _OPTIMIZER, map_location=self.device, weights_only=True)
+                torch.load(path / OPTIMIZER_STATE, map_location=self.device, weights_only=True)
             )
 
     # ----- training ----------------------------------------------------------------------------------------
@@ -240,13 +256,13 @@ class PeftTrainer:
 
         started = time.perf_counter()
         timings = self.last_timings = {"prepare": 0.0, "precalculate": 0.0, "forward": 0.0, "backward": 0.0}
-        batches = self._prepare(sequences, config)
+        batches, denominator = self._prepare(sequences, config)
         timings["prepare"] = time.perf_counter() - started
         if config.precalculate_logprobs:
             self._precalculate_old_logprobs(batches, config)
             timings["precalculate"] = time.perf_counter() - started - timings["prepare"]
         with tqdm(total=len(batches), desc="train", disable=not progress) as bar:
-            sums = self._accumulate_gradients(batches, config, bar)
+            sums = self._all_ranks(self._accumulate_gradients(batches, config, bar, denominator))
             update_started = time.perf_counter()
             grad_norm = self._apply_update(config)
             timings["optimizer"] = time.perf_counter() - update_started
@@ -254,8 +270,6 @@ class PeftTrainer:
         metrics = sums.metrics(
             grad_norm=grad_norm,
             num_sequences=len(sequences),
-            num_micro_batches=len(batches),
-            num_tokens=sum(b.num_tokens for b in batches),
             seconds=time.perf_counter() - started,
             learning_rate=self.optimizer.param_groups[0]["lr"],
             config=config,
@@ -264,33 +278,31 @@ class PeftTrainer:
             print("artnb train: " + ", ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
         return metrics
 
-    def _prepare(self, sequences: list[TokenizedSequence], config: TrainConfig) -> list[_MicroBatch]:
+    def _prepare(
+        self, sequences: list[TokenizedSequence], config: TrainConfig
+    ) -> tuple[list[MicroBatch], int]:
         """Check the sequences, balance their advantages, cut them into micro-batches; set this step's learning
-        rate: config.learning_rate * (trajectories trained on) ** num_trajectories_learning_rate_multiplier_power."""
-        if not sequences:
-            raise ValueError("train() got no sequences; the caller should skip the step instead")
-        self._check_sequences(sequences)
-        # token 0 is never predicted, so a mask only on it trains nothing; such rows are not run at all
-        trainable = [s for s in sequences if any(s.assistant_mask[1:])]
-        if not trainable:
-            raise ValueError(
-                "no trainable tokens: every assistant_mask is False after the first token. Check that the "
-                "trajectories have assistant turns with logprobs (or set allow_training_without_logprobs)"
-            )
-        if config.advantage_balance:
-            trainable = [
-                replace(s, advantage=grpo.balance_advantage(s.advantage, config.advantage_balance))
-                for s in trainable
-            ]
+        rate: config.learning_rate * (trajectories trained on) ** num_trajectories_learning_rate_multiplier_power.
+        Returns the micro-batches this process runs and the whole batch's trainable-token count."""
+        trainable = grpo_sequences(sequences, config, self.max_seq_length)
         trajectories = len({(s.group_index, s.trajectory_index) for s in trainable})
         power = config.num_trajectories_learning_rate_multiplier_power
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate * trajectories**power
             group["weight_decay"] = config.weight_decay
-        return self._micro_batches(trainable, config.micro_batch_tokens)
+        return self._local_batches(trainable, config.micro_batch_tokens), trainable_tokens(trainable)
+
+    def _local_batches(self, trainable: list[TokenizedSequence], budget: int) -> list[MicroBatch]:
+        """The micro-batches this process runs: all of them here; an FSDP rank (fsdp_rank.py) runs its share."""
+        return self._micro_batches(trainable, budget)
+
+    def _all_ranks(self, sums: LossSums) -> LossSums:
+        """The step's sums over every process that trained a share of it: this one alone here (fsdp_rank.py
+        adds the ranks' sums)."""
+        return sums
 
     @torch.no_grad()
-    def _precalculate_old_logprobs(self, batches: list[_MicroBatch], config: TrainConfig) -> None:
+    def _precalculate_old_logprobs(self, batches: list[MicroBatch], config: TrainConfig) -> None:
         """ART's precalculate_logprobs: the old logprobs become this model's own (adapter on, eval mode, before
         the update); the engine's move to `sampled_logprobs`."""
         was_training = self.model.training
@@ -303,11 +315,13 @@ class PeftTrainer:
         finally:
             self.model.train(was_training)
 
-    def _accumulate_gradients(self, batches: list[_MicroBatch], config: TrainConfig, bar) -> _Sums:
-        """Forward, loss and backward per micro-batch; the gradients add up to the whole batch's."""
-        denominator = sum(int(b.mask.sum()) for b in batches)
+    def _accumulate_gradients(
+        self, batches: list[MicroBatch], config: TrainConfig, bar, denominator: int
+    ) -> LossSums:
+        """Forward, loss and backward per micro-batch; the gradients add up to the whole batch's
+        (`denominator`: its trainable tokens)."""
         settings = config.loss_settings()
-        sums = _Sums(denominator)
+        sums = LossSums(denominator)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         chunk = config.logprob_calculation_chunk_size
@@ -340,7 +354,7 @@ class PeftTrainer:
     def _apply_update(self, config: TrainConfig) -> float:
         """Clip the gradient and take the AdamW step (skipped, with a warning, on a non-finite norm)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
@@ -364,34 +378,31 @@ class PeftTrainer:
         adapter, AdamW and micro-batches as `train`; logprobs and advantages are ignored.
         """
         started = time.perf_counter()
-        self._check_sequences(sequences)
-        trainable = [s for s in sequences if any(s.assistant_mask[1:])]  # token 0 is never predicted
-        if not trainable:
-            raise ValueError("train_sft() got no trainable tokens: every assistant_mask is False")
+        trainable = sft_sequences(sequences, self.max_seq_length)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate  # 0 is allowed: ART's decaying schedules end there
             group["weight_decay"] = weight_decay
-        batches = self._micro_batches(trainable, micro_batch_tokens)
-        denominator = sum(int(b.mask.sum()) for b in batches)
+        batches = self._local_batches(trainable, micro_batch_tokens)
+        sums = LossSums(trainable_tokens(trainable))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
         for batch in batches:
             logprobs = self._logprobs(batch)
-            loss = -torch.where(batch.mask, logprobs, 0.0).sum() / denominator
+            loss = -torch.where(batch.mask, logprobs, 0.0).sum() / sums.denominator
             loss.backward()
-            loss_sum += loss.item()
+            sums.count(batch, loss.item())
             del logprobs, loss
+        sums = self._all_ranks(sums)
         grad_norm = self._apply_update(TrainConfig(max_grad_norm=max_grad_norm))
         seconds = time.perf_counter() - started
         return {
-            "loss": loss_sum,
+            "loss": sums.loss,
             "grad_norm": grad_norm,
             "learning_rate": learning_rate,
-            "num_trainable_tokens": float(denominator),
+            "num_trainable_tokens": float(sums.denominator),
             "num_sequences": float(len(sequences)),
-            "num_micro_batches": float(len(batches)),
-            "tokens_per_second": sum(b.num_tokens for b in batches) / seconds,
+            "num_micro_batches": float(sums.micro_batches),
+            "tokens_per_second": sums.tokens / seconds,
             "seconds": seconds,
         }
 
@@ -404,6 +415,9 @@ class PeftTrainer:
         GPU; nothing to do on the CPU."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        """Nothing to stop: this trainer lives in the calling process."""
 
     @torch.no_grad()
     def token_logprobs(self, token_ids: list[list[int]], *, adapter: bool = True) -> list[list[float]]:
@@ -433,7 +447,7 @@ class PeftTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=TrainConfig().learning_rate, betas=(0.9, 0.99), weight_decay=0.0)
 
-    def _logprobs(self, batch: _MicroBatch, adapter: bool = True, chunk_size: int | None = None) -> Tensor:
+    def _logprobs(self, batch: MicroBatch, adapter: bool = True, chunk_size: int | None = None) -> Tensor:
         """[B, K] logprob of `batch.targets`; without the adapter under no_grad (reference model).
 
         With `chunk_size`, and more kept positions than that, the LM head and log_softmax run chunk by chunk
@@ -451,7 +465,7 @@ class PeftTrainer:
             logits = self.model(**inputs).logits[:, keep]
         return logits.float().log_softmax(-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
-    def _inputs(self, batch: _MicroBatch) -> tuple[dict, Tensor]:
+    def _inputs(self, batch: MicroBatch) -> tuple[dict, Tensor]:
         """The model's inputs for `batch`, and the positions to keep logits at, counted in those inputs.
 
         With a shared prefix, the decoder runs on it once (one row) and its key/value cache, repeated per row,
@@ -464,7 +478,7 @@ class PeftTrainer:
                 "use_cache": False,
             }, batch.keep
         rows, width, shared = *batch.input_ids.shape, batch.prefix_len
-        base = self.model.get_base_model()
+        base = self._base_model()
         body = getattr(base, base.base_model_prefix)
         cache = body(input_ids=batch.input_ids[:1, :shared], use_cache=True).past_key_values
         cache.batch_repeat_interleave(rows)
@@ -483,12 +497,13 @@ class PeftTrainer:
         which gradient checkpointing turns off."""
         return self.config.share_prefixes and self._keeps_logits and not self.config.gradient_checkpointing
 
-    def _chunked_logprobs(self, inputs: dict, keep: Tensor, batch: _MicroBatch, chunk_size: int) -> Tensor:
+    def _chunked_logprobs(self, inputs: dict, keep: Tensor, batch: MicroBatch, chunk_size: int) -> Tensor:
         """The decoder's hidden states at the kept positions, then head + log_softmax + gather per `chunk_size`
         positions (rows and positions flattened). Under autograd each chunk is checkpointed: its logits are
         freed after the forward and recomputed in backward, so one chunk's [chunk_size, vocab] is the peak."""
-        base = self.model.get_base_model()
+        base = self._base_model()
         head = base.get_output_embeddings()
+        assert head is not None  # _can_chunk_logprobs found one
         hidden = getattr(base, base.base_model_prefix)(**inputs).last_hidden_state[:, keep]
         flat, targets = hidden.flatten(0, 1), batch.targets.flatten()
         recompute = torch.is_grad_enabled() and flat.requires_grad
@@ -509,14 +524,14 @@ class PeftTrainer:
             if not self._chunkable:
                 report_ignored(
                     "logprob_calculation_chunk_size",
-                    f"{type(self.model.get_base_model()).__name__}'s logits are not just its output embedding "
+                    f"{type(self._base_model()).__name__}'s logits are not just its output embedding "
                     "of the decoder's hidden states (soft-capping or scaling), so they are computed in one go",
                 )
         return self._chunkable
 
     @torch.no_grad()
     def _logits_are_head_of_decoder(self) -> bool:
-        base = self.model.get_base_model()
+        base = self._base_model()
         body = getattr(base, getattr(base, "base_model_prefix", ""), None)
         head = base.get_output_embeddings()
         if not self._keeps_logits or body is None or head is None:
@@ -531,7 +546,7 @@ class PeftTrainer:
             self.model.train(was_training)
         return full.shape == split.shape and torch.allclose(full, split, rtol=1e-3, atol=1e-3)
 
-    def _micro_batches(self, sequences: list[TokenizedSequence], budget: int) -> list[_MicroBatch]:
+    def _micro_batches(self, sequences: list[TokenizedSequence], budget: int) -> list[MicroBatch]:
         """Sequences sorted by length, cut into runs that cost the fewest token passes: each micro-batch runs
         its shared prefix once plus rows x (its longest row - the prefix), padding included, within `budget`
         (a longer sequence goes alone). Rows of similar length go together, so little is spent on padding."""
@@ -539,7 +554,7 @@ class PeftTrainer:
         shared = _shared_prefix(ordered) if self._shares_prefixes() and len(ordered) > 1 else 0
         return [self._collate(run) for run in _cheapest_runs(ordered, shared, budget)]
 
-    def _collate(self, sequences: list[TokenizedSequence]) -> _MicroBatch:
+    def _collate(self, sequences: list[TokenizedSequence]) -> MicroBatch:
         rows, width = len(sequences), max(len(s.token_ids) for s in sequences)
         shared = _shared_prefix(sequences) if rows > 1 and self._shares_prefixes() else 0
         input_ids = torch.full((rows, width), self._pad_id, dtype=torch.long)
@@ -556,7 +571,7 @@ class PeftTrainer:
             advantages[i, : n - 1] = seq.advantage
         keep = mask.any(0).nonzero().squeeze(-1)
         dev = self.device
-        return _MicroBatch(
+        return MicroBatch(
             input_ids=input_ids.to(dev),
             attention_mask=attention_mask.to(dev),
             keep=keep.to(dev),
@@ -568,26 +583,13 @@ class PeftTrainer:
             prefix_len=shared if shared >= _MIN_SHARED_PREFIX else 0,
         )
 
-    def _check_sequences(self, sequences: list[TokenizedSequence]) -> None:
-        limit = self.max_seq_length
-        for i, seq in enumerate(sequences):
-            n = len(seq.token_ids)
-            if len(seq.assistant_mask) != n or len(seq.logprobs) != n:
-                raise ValueError(
-                    f"sequence {i}: token_ids, assistant_mask and logprobs have lengths "
-                    f"{n}, {len(seq.assistant_mask)}, {len(seq.logprobs)}; they must be equal"
-                )
-            if n < 2:
-                raise ValueError(f"sequence {i} has {n} token(s); training needs at least 2")
-            if n > limit:
-                raise ValueError(
-                    f"sequence {i} has {n} tokens, more than the model's context length {limit}; "
-                    "drop or truncate it first (TrainConfig.max_seq_length)"
-                )
-
     def _check_adapter_config(self, saved: dict, path: Path) -> None:
-        ours = self.model.peft_config["default"]
-        expected = {"r": ours.r, "lora_alpha": ours.lora_alpha, "target_modules": sorted(ours.target_modules)}
+        ours = cast("LoraConfig", self.model.peft_config["default"])  # the adapter _load_model made
+        expected = {
+            "r": ours.r,
+            "lora_alpha": ours.lora_alpha,
+            "target_modules": sorted(ours.target_modules or []),
+        }
         found = {
             "r": saved.get("r"),
             "lora_alpha": saved.get("lora_alpha"),
@@ -598,6 +600,71 @@ class PeftTrainer:
                 f"adapter in {path} was trained with {found}, but this trainer has {expected}; "
                 "use the same LoRAConfig to resume"
             )
+
+
+def context_length(model_config) -> int:
+    """A model config's context length (`max_position_embeddings` or its equivalent; 2048 if it names none)."""
+    cfg = getattr(model_config, "text_config", None) or model_config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def check_sequences(sequences: list[TokenizedSequence], max_seq_length: int) -> None:
+    """Raise ValueError, naming the sequence, if one cannot be trained on (ragged fields, too short or long)."""
+    for i, seq in enumerate(sequences):
+        n = len(seq.token_ids)
+        if len(seq.assistant_mask) != n or len(seq.logprobs) != n:
+            raise ValueError(
+                f"sequence {i}: token_ids, assistant_mask and logprobs have lengths "
+                f"{n}, {len(seq.assistant_mask)}, {len(seq.logprobs)}; they must be equal"
+            )
+        if n < 2:
+            raise ValueError(f"sequence {i} has {n} token(s); training needs at least 2")
+        if n > max_seq_length:
+            raise ValueError(
+                f"sequence {i} has {n} tokens, more than the model's context length {max_seq_length}; "
+                "drop or truncate it first (TrainConfig.max_seq_length)"
+            )
+
+
+def grpo_sequences(
+    sequences: list[TokenizedSequence], config: TrainConfig, max_seq_length: int
+) -> list[TokenizedSequence]:
+    """The sequences a GRPO step trains on, advantages balanced (`advantage_balance`); ValueError when there
+    are none or one is malformed. The FSDP trainer calls it in the notebook so that errors are raised there."""
+    if not sequences:
+        raise ValueError("train() got no sequences; the caller should skip the step instead")
+    check_sequences(sequences, max_seq_length)
+    # token 0 is never predicted, so a mask only on it trains nothing; such rows are not run at all
+    trainable = [s for s in sequences if any(s.assistant_mask[1:])]
+    if not trainable:
+        raise ValueError(
+            "no trainable tokens: every assistant_mask is False after the first token. Check that the "
+            "trajectories have assistant turns with logprobs (or set allow_training_without_logprobs)"
+        )
+    if config.advantage_balance:
+        trainable = [
+            replace(s, advantage=grpo.balance_advantage(s.advantage, config.advantage_balance))
+            for s in trainable
+        ]
+    return trainable
+
+
+def sft_sequences(sequences: list[TokenizedSequence], max_seq_length: int) -> list[TokenizedSequence]:
+    """The sequences an SFT step trains on; ValueError when there are none or one is malformed."""
+    check_sequences(sequences, max_seq_length)
+    trainable = [s for s in sequences if any(s.assistant_mask[1:])]  # token 0 is never predicted
+    if not trainable:
+        raise ValueError("train_sft() got no trainable tokens: every assistant_mask is False")
+    return trainable
+
+
+def trainable_tokens(sequences: list[TokenizedSequence]) -> int:
+    """The tokens a step's loss is divided by: trainable ones after the first (which nothing predicts)."""
+    return sum(sum(s.assistant_mask[1:]) for s in sequences)
 
 
 def _shared_prefix(sequences: list[TokenizedSequence]) -> int:
@@ -644,7 +711,7 @@ def _head_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Te
     return head(hidden).float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def _present_target_modules(model: torch.nn.Module, wanted: list[str]) -> list[str]:
+def present_target_modules(model: torch.nn.Module, wanted: list[str]) -> list[str]:
     """The names in `wanted` that match a module of `model` (by last dotted component), in order."""
     leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
     present = [t for t in wanted if t in leaves]

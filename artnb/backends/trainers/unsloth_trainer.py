@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from ...core.config import LoRAConfig, TrainConfig, TrainerConfig
-from .peft_trainer import _ADAPTER_CONFIG, PeftTrainer, _MicroBatch, _present_target_modules
+from .peft_trainer import ADAPTER_CONFIG, MicroBatch, PeftTrainer, present_target_modules
 
 if TYPE_CHECKING:
     from ..gpu_presets import GPUPreset
@@ -101,7 +101,7 @@ class UnslothTrainer(PeftTrainer):
             raise RuntimeError(
                 "UnslothTrainer needs a CUDA GPU (TrainerConfig.device is 'cpu' or there is none): use PeftTrainer"
             )
-        from unsloth import FastLanguageModel
+        from unsloth import FastLanguageModel  # pyright: ignore[reportMissingImports]  # CUDA-only, not installed here
 
         from ..gpu_presets import model_shape
 
@@ -122,14 +122,14 @@ class UnslothTrainer(PeftTrainer):
             use_exact_model_name=True,
             use_gradient_checkpointing=checkpointing,
             random_state=config.seed,
-            fast_inference=False,  # vLLM runs in its own server process (engines/vllm_engine.py)
+            fast_inference=False,  # vLLM runs in its own server process (engines/vllm/server.py)
         )
         return FastLanguageModel.get_peft_model(
             model,
             r=lora.r,
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
-            target_modules=_present_target_modules(model, lora.target_modules),
+            target_modules=present_target_modules(model, lora.target_modules),
             bias="none",
             use_gradient_checkpointing=checkpointing,
             random_state=config.seed,
@@ -150,7 +150,7 @@ class UnslothTrainer(PeftTrainer):
 
     # ----- the parts that differ from PeftTrainer -----------------------------------------------------------
 
-    def _logprobs(self, batch: _MicroBatch, adapter: bool = True, chunk_size: int | None = None) -> Tensor:
+    def _logprobs(self, batch: MicroBatch, adapter: bool = True, chunk_size: int | None = None) -> Tensor:
         """[B, K] logprob of `batch.targets`, from the decoder's hidden states through the LM head (see the
         module docstring); without the adapter under no_grad (the reference model)."""
         if not adapter:
@@ -203,7 +203,7 @@ class UnslothTrainer(PeftTrainer):
 def point_adapter_at_base(path: str | Path, base_model_path: str) -> None:
     """Make `path`/adapter_config.json name `base_model_path` as its base model, as PeftTrainer's do: Unsloth
     records the name of the weights it loaded, which for a hub id can be a pre-quantised copy."""
-    config_path = Path(path) / _ADAPTER_CONFIG
+    config_path = Path(path) / ADAPTER_CONFIG
     config = json.loads(config_path.read_text())
     if config.get("base_model_name_or_path") != base_model_path:
         config["base_model_name_or_path"] = base_model_path
