@@ -54,6 +54,8 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check artnb tests benchmarks
 	$(VENV)/bin/ruff format --check artnb tests benchmarks
+	$(VENV)/bin/lint-imports  # the layer and no-cycle contracts in pyproject.toml [tool.importlinter]
+	$(VENV)/bin/pyright  # the packages [tool.pyright] lists, in basic mode
 
 # Each script prints its table; _*.py are their helpers. Without a GPU, gpu_check.py runs its --dry-run.
 benchmarks: install

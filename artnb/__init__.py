@@ -10,10 +10,15 @@ from dotenv import find_dotenv, load_dotenv  # noqa: E402
 # (ART's default search starts at the package's own folder); variables already set are kept.
 load_dotenv(find_dotenv(usecwd=True))
 
+# The integrations (W&B, Trackio, Langfuse) register their reporters with core's registry (core/reporting.py) when
+# imported, so every model reports to them; cheap: no tool's library is imported until a model asks for it.
+from . import integrations  # noqa: E402, F401
+
 # Every public name is imported on first use (PEP 562), so `import artnb` stays cheap and a process that needs one
 # module (an engine server, a worker) does not import the whole package: name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("EngineDiedError", "LocalBackend"), "backends.local"),
+    "EngineDiedError": "backends.engine_transport",
+    "LocalBackend": "backends.local",
     "DiskFullError": "backends.train_step",
     **dict.fromkeys(
         (
@@ -56,7 +61,7 @@ _EXPORTS: dict[str, str] = {
         "core.gather",
     ),
     **dict.fromkeys(("JudgeLimits", "JudgeRequestError", "RulerError"), "core.judge_requests"),
-    "LocalJudge": "core.local_judge",
+    "LocalJudge": "local_judge",
     **dict.fromkeys(("PreflightReport", "preflight", "preflight_groups"), "core.preflight"),
     **dict.fromkeys(("Model", "NothingToTrainError", "TrainableModel", "TrainResult"), "core.model"),
     **dict.fromkeys(("DEFAULT_RUBRIC", "ruler", "ruler_score_group"), "core.ruler"),

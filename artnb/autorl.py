@@ -46,7 +46,7 @@ from .core.ruler import DEFAULT_RUBRIC, ruler_score_group
 from .core.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
-    from .core.local_judge import LocalJudge
+    from .core.contracts import InProcessJudge
 
 MIN_TASK_CHARS = 8  # shorter is not a real request ("hi", "ok")
 MAX_TASK_CHARS = 400  # keeps prompts (and the judge's context) short; raise it for long-input tasks
@@ -453,7 +453,7 @@ class Evaluation:
 async def evaluate(
     model: TrainableModel,
     scenarios: Sequence[Scenario],
-    judge: str | Model | LocalJudge,
+    judge: str | Model | InProcessJudge,
     *,
     system_prompt: str,
     policies: Mapping[str, Policy] | None = None,
@@ -495,7 +495,7 @@ Answer = Callable[[Model, int | None, Any], Awaitable[Trajectory]]
 async def judge_side_by_side(
     model: TrainableModel,
     scenarios: Sequence[Any],
-    judge: str | Model | LocalJudge,
+    judge: str | Model | InProcessJudge,
     answer: Answer,
     *,
     policies: Mapping[str, Policy] | None = None,

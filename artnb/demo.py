@@ -42,11 +42,11 @@ from .core.evaluate import (
     paired_difference,
 )
 from .core.gather import gather_trajectory_groups
-from .core.local_judge import LocalJudge
 from .core.model import TrainableModel, summarize_groups
 from .core.preflight import PreflightReport, preflight
 from .core.ruler import ruler_score_group
 from .core.trajectory import TrajectoryGroup
+from .local_judge import LocalJudge
 from .plots import evaluation_figure, reward_figure
 from .tasks import tic_tac_toe
 

@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
-from artnb.backends.engines.process import HFEngine  # noqa: E402
+from artnb.backends.engines.hf.client import HFEngine  # noqa: E402
 from artnb.models import embedded_model_path, tiny  # noqa: E402
 
 TOPICS = [

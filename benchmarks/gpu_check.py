@@ -362,7 +362,7 @@ async def check_rollouts(args: argparse.Namespace, result: Result) -> None:
 
     from artnb import models
     from artnb.backends import gpu_presets
-    from artnb.backends.engines.process import HFEngine
+    from artnb.backends.engines.hf.client import HFEngine
 
     on_cuda = torch.cuda.is_available() and not args.dry_run
     card = gpu_presets.detect_card() if on_cuda else None

@@ -11,7 +11,7 @@ and the ratio of the mean to the target (Spearman >= 0.5 at <= 60 s per group of
 Judges (`--judges`): `list` is RULER's list judge, the embedded model served by the HF engine answering one
 schema-constrained JSON list per group (`ruler_score_group(g, model.as_base_model())`); `digits` is
 `art.LocalJudge()` (the embedded model in-process, expected score from the digit tokens' probabilities,
-core/local_judge.py); `pairwise` is `art.LocalJudge(method="pairwise")`.
+local_judge.py); `pairwise` is `art.LocalJudge(method="pairwise")`.
 
 Groups: tic-tac-toe starts from the recording that ships with artnb (`artnb.tasks.replay`, 4 groups); every
 task reads groups recorded with `--record` from `--data` (default: benchmarks/data, which holds 50 recorded

@@ -36,7 +36,7 @@ import openai
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
-from artnb.backends.engines.process import AUTO_OMP_ENV, OMP_ENV_KEYS, HFEngine  # noqa: E402
+from artnb.backends.engines.hf.client import AUTO_OMP_ENV, OMP_ENV_KEYS, HFEngine  # noqa: E402
 from artnb.models import embedded_model_path  # noqa: E402
 
 BATCH = 8

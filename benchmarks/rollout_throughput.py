@@ -29,8 +29,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
-from artnb.backends.engines.process import HFEngine  # noqa: E402
-from artnb.backends.engines.vllm_engine import VLLMEngine, vllm_import_error  # noqa: E402
+from artnb.backends.engines.hf.client import HFEngine  # noqa: E402
+from artnb.backends.engines.vllm.client import VLLMEngine, vllm_import_error  # noqa: E402
 from artnb.models import embedded_model_path  # noqa: E402
 
 BATCHES = (1, 8, 32)

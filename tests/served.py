@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import artnb as art
-from artnb.backends.engines.process import HFEngine
+from artnb.backends.engines.hf.client import HFEngine
 
 
 @contextlib.asynccontextmanager

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from artnb import models
-from artnb.core.local_judge import LocalJudge
 from artnb.demo import DemoConfig, demo_judge, run_demo
+from artnb.local_judge import LocalJudge
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,6 @@ from urllib.parse import quote
 import httpx
 from tqdm.auto import tqdm
 
-from .. import integrations
 from ..core import metric_names as names
 from ..core.atomic import write_atomic
 from ..core.ignored import warn_user
@@ -61,7 +60,7 @@ from ..core.wire import (
     trajectories_to_wire,
 )
 from .art_spellings import ArtTrainSpellings
-from .local import EngineDiedError
+from .engine_transport import EngineDiedError
 from .s3 import BUCKET_ENV, S3SyncError, SyncReport
 from .train_step import PHASES
 
@@ -145,7 +144,7 @@ class RemoteBackend(ArtTrainSpellings):
             await self._client.aclose()
         self._client = self._client_loop = None
         for model in self._models.values():
-            await asyncio.to_thread(integrations.close, model)  # e.g. finish the W&B run
+            await asyncio.to_thread(model.reporting.close)  # e.g. finish the W&B run
 
     # registration ----------------------------------------------------------------------------------------
     async def register(self, model: Model) -> None:
@@ -176,12 +175,16 @@ class RemoteBackend(ArtTrainSpellings):
     async def _register_on_server(self, model: Model) -> None:
         reply = await self._operation(None, "POST", f"{_route(model)}/register", dumps(model_to_wire(model)))
         self._registrations[model.project, model.name] += 1
-        if model.trainable and reply.get("lora") is not None:
+        if isinstance(model, TrainableModel) and reply.get("lora") is not None:
             lora = lora_from_wire(reply["lora"])  # the server applied the model's _internal_config to it
             if lora != model.lora:
                 model.lora = lora
 
-    async def _register_again(self, model: Model, seen: int) -> None:
+    def registrations(self, model: Model) -> int:
+        """How many times this client registered the model on the server (see `register_again`)."""
+        return self._registrations[model.project, model.name]
+
+    async def register_again(self, model: Model, seen: int) -> None:
         """The server forgot the model (it restarted): register it again; it resumes at its newest checkpoint.
         `seen`: the registration count when the failed request was sent (requests that failed together, e.g. a
         gather's rollouts, register once)."""
@@ -439,14 +442,15 @@ class RemoteBackend(ArtTrainSpellings):
         phase: str | None = None
         answered = False  # the server starts an operation only after it has answered with its headers
         for attempt in (1, 2):
-            registered = None if model is None else self._registrations[model.project, model.name]
+            # the model and its registration count as this request is sent (see register_again)
+            registered = None if model is None else (model, self._registrations[model.project, model.name])
             try:
                 async with self._http().stream(method, route, content=content) as response:
                     answered = True
                     if response.status_code != 200:
                         await response.aread()
-                        if attempt == 1 and model is not None and _not_registered(response):
-                            await self._register_again(model, registered)
+                        if attempt == 1 and registered is not None and _not_registered(response):
+                            await self.register_again(*registered)
                             continue
                         raise self._http_error(response, what, len(content or b""))
                     async for line in response.aiter_lines():
@@ -461,7 +465,7 @@ class RemoteBackend(ArtTrainSpellings):
                         if kind == "warning":
                             warn_user(event["message"], _WARNINGS.get(event.get("category"), UserWarning))
                         elif kind == "phase":
-                            phase = event["phase"]
+                            phase = str(event["phase"])
                             if on_phase is not None:
                                 on_phase(phase)
                     raise httpx.RemoteProtocolError("the server closed the stream before the result")
@@ -559,11 +563,11 @@ class _ServerTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.backend.api_key:
             request.headers["Authorization"] = f"Bearer {self.backend.api_key}"
-        registered = self.backend._registrations[self.model.project, self.model.name]
+        registered = self.backend.registrations(self.model)
         response = await self.inner.handle_async_request(request)
         if response.status_code == 404 and response.headers.get(ERROR_HEADER) == NOT_REGISTERED:
             await response.aclose()
-            await self.backend._register_again(self.model, registered)
+            await self.backend.register_again(self.model, registered)
             response = await self.inner.handle_async_request(request)
         return response
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -123,7 +123,32 @@ class SFTStep:
         return {}  # examples have no reward: a 0 in train/reward would look like a collapse on the reward plot
 
 
-def step_kind(config: TrainConfig | TrainSFTConfig) -> GRPOStep | SFTStep:
+class StepKind(Protocol):
+    """What TrainStep asks of a kind. Each kind takes the config and batch of its own types (GRPOStep: TrainConfig
+    and TokenizedBatch; SFTStep: TrainSFTConfig and SFTBatches); `step_kind` pairs the kind with its config, and
+    the batch a kind's `tokenise` returns goes back to the same kind, so those are `Any` here."""
+
+    name: str
+    advice: str
+
+    def empty_reason(self, groups: list[TrajectoryGroup]) -> str | None: ...
+
+    async def tokenise(
+        self, tokenizer: Any, groups: list[TrajectoryGroup], config: Any, max_seq_length: int
+    ) -> TokenizedBatch | SFTBatches: ...
+
+    def nothing_left(self, batch: Any) -> bool: ...
+
+    def raises_when_nothing(self, config: Any) -> bool: ...
+
+    async def train(
+        self, on_trainer_thread: OnTrainerThread, trainer: Trainer, batch: Any, config: Any
+    ) -> dict[str, Any]: ...
+
+    def row_summary(self, groups: list[TrajectoryGroup], step: int) -> dict[str, Any]: ...
+
+
+def step_kind(config: TrainConfig | TrainSFTConfig) -> StepKind:
     return SFTStep() if isinstance(config, TrainSFTConfig) else GRPOStep()
 
 

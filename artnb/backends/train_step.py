@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from ..core import metric_names as names
 from ..core.atomic import disk_full
@@ -41,10 +41,9 @@ from ..core.sft import SFTBatches, TrainSFTConfig
 from ..core.store import RunStore
 from ..core.tokenize import TokenizedBatch
 from ..core.trajectory import TrajectoryGroup
+from ..dev.settings import InternalSettings
+from .served import ServedModel
 from .step_kinds import step_kind
-
-if TYPE_CHECKING:
-    from .local import LocalBackend, _Served
 
 log = logging.getLogger("artnb")
 
@@ -62,13 +61,12 @@ class TrainStep:
 
     def __init__(
         self,
-        backend: LocalBackend,
-        served: _Served,
+        served: ServedModel,
         groups: list[TrajectoryGroup],
         config: TrainConfig | TrainSFTConfig,
         extra_row: dict[str, Any] | None = None,
     ) -> None:
-        self.backend, self.served, self.groups, self.config = backend, served, groups, config
+        self.served, self.groups, self.config = served, groups, config
         self.kind = step_kind(config)
         self.extra_row = dict(extra_row or {})  # more values for the step's history row
         self.step = served.step
@@ -103,11 +101,13 @@ class TrainStep:
             if reason := self.kind.empty_reason(self.groups):
                 return await self._nothing_to_train(reason)
             batch = await self._tokenise()
-            if self.kind.nothing_left(batch):
-                return await self._nothing_to_train(batch.skipped_reason)
             metrics: dict[str, Any] = {names.data(k): v for k, v in batch.metrics.items()}
             if not batch.sequences:
-                return await self._advance_without_update(metrics, batch.skipped_reason)
+                reason = batch.skipped_reason
+                assert reason is not None, "a tokeniser that leaves no sequence says why"
+                if self.kind.nothing_left(batch):
+                    return await self._nothing_to_train(reason)
+                return await self._advance_without_update(metrics, reason)
             try:
                 await self._hold()
                 try:
@@ -167,13 +167,13 @@ class TrainStep:
 
     async def _hold(self) -> None:
         self._enter("hold")
-        await self.backend.ensure_engine(self.served.model)
+        await self.served.ensure_engine()
         await self.served.engine.hold()
 
     async def _train(self, batch: TokenizedBatch | SFTBatches) -> dict[str, Any]:
         """The update: one GRPO optimizer step, or one SFT optimizer step per batch at its learning rate."""
         self._enter("train")
-        trainer, on_trainer_thread = self.served.trainer, self.backend._on_trainer_thread
+        trainer, on_trainer_thread = self.served.trainer, self.served.on_trainer_thread
         if _last_update_kind(self.served.store, self.step) not in (None, self.kind.name):
             await on_trainer_thread(trainer.reset_optimizer)
         return await self.kind.train(on_trainer_thread, trainer, batch, self.config)
@@ -186,7 +186,7 @@ class TrainStep:
         metrics[names.STEP_TRAIN_S] = time.monotonic() - self.started
         row = self._history_row(metrics)
         try:
-            await self.backend._on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
+            await served.on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         except Exception as error:
             if disk_full(error, served.store.dir):
                 raise DiskFullError(
@@ -203,7 +203,7 @@ class TrainStep:
 
     async def _free_trainer_memory(self) -> None:
         """The trainer's cached GPU memory back to the device, before the engine wakes (part of commit)."""
-        await self.backend._on_trainer_thread(self.served.trainer.free_memory)
+        await self.served.on_trainer_thread(self.served.trainer.free_memory)
 
     async def _publish_and_hot_load(self) -> None:
         """After the commit: failures here are warnings, and the work is redone later (never undone)."""
@@ -220,7 +220,7 @@ class TrainStep:
             )
         self._enter("hot-load")
         try:
-            await self.backend.ensure_engine(served.model)
+            await served.ensure_engine()
         except Exception as error:
             self.notes.append(
                 f"artnb: step {served.step} is committed, but the engine could not load it ({error}); the "
@@ -230,7 +230,7 @@ class TrainStep:
     async def _restore_trainer(self) -> None:
         """Put the trainer back to the last committed checkpoint after the step failed before its commit."""
         served = self.served
-        await self.backend._on_trainer_thread(
+        await served.on_trainer_thread(
             served.trainer.load_checkpoint, served.store.checkpoint_path(served.step)
         )
 
@@ -267,6 +267,16 @@ def _last_update_kind(store: RunStore, step: int) -> str | None:
         if names.SKIPPED not in commit.history:
             return "rl"
     return None
+
+
+_StepConfig = TypeVar("_StepConfig", TrainConfig, TrainSFTConfig)
+
+
+def with_max_seq_length(config: _StepConfig, settings: InternalSettings) -> _StepConfig:
+    """A step's config with the model's max_seq_length (its `_internal_config`) when the step set none."""
+    if config.max_seq_length is None and settings.max_seq_length:
+        return config.model_copy(update={"max_seq_length": settings.max_seq_length})
+    return config
 
 
 async def _wait_through_cancellation(task: asyncio.Future) -> None:

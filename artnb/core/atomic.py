@@ -32,13 +32,14 @@ def disk_full(error: BaseException, where: str | Path | None = None) -> bool:
     if where is not None and _free_bytes(where) < 2**20:
         return True
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _FULL:
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FULL:
             return True
-        if any(text in str(error) for text in _FULL_TEXT):
+        if any(text in str(current) for text in _FULL_TEXT):
             return True
-        error = error.__cause__ or error.__context__
+        current = current.__cause__ or current.__context__
     return False
 
 

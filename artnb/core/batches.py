@@ -24,8 +24,8 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
-from .gather import TooManyExceptions, _Progress, _progress
 from .ignored import report_ignored
+from .progress import RolloutProgress, TooManyExceptions, active_progress
 from .trajectory import PendingGroup, TrajectoryGroup
 
 
@@ -55,11 +55,11 @@ async def trajectory_group_batches(
             break
         _discard(skipped)
     sized = len(groups) if hasattr(groups, "__len__") else None  # type: ignore[arg-type]
-    progress = _Progress(sized or 0, pbar_desc, sys.maxsize)  # counts rollouts, as a gather's bar
+    progress = RolloutProgress(sized or 0, pbar_desc, sys.maxsize)  # counts rollouts, as a gather's bar
     if sized is None:
         progress.bar.total = None
     context = contextvars.copy_context()
-    context.run(_progress.set, progress)  # each group's rollouts report to this bar
+    context.run(active_progress.set, progress)  # each group's rollouts report to this bar
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task] = set()
     finished: list[TrajectoryGroup] = []
@@ -71,7 +71,7 @@ async def trajectory_group_batches(
                 if item is None:
                     exhausted = True
                     break
-                running.add(loop.create_task(_finish(item), context=context))
+                running.add(context.run(loop.create_task, _finish(item)))  # create_task(context=) needs 3.11
             if not running:
                 break
             done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)

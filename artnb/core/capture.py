@@ -230,7 +230,8 @@ def _key(message: Any) -> tuple[Any, ...]:
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         arguments = function.get("arguments")
-        with contextlib.suppress(TypeError, ValueError):
-            arguments = json.loads(arguments)
+        if isinstance(arguments, (str, bytes, bytearray)):
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments)
         calls.append((function.get("name"), json.dumps(arguments, sort_keys=True)))
     return (message.get("role"), content or "", calls)

@@ -32,13 +32,34 @@ class _Strict(BaseModel):
 class LoRAConfig(_Strict):
     """Shape of the LoRA adapter that RL trains. RL needs little capacity: rank 1-32 is plenty."""
 
-    r: int = Field(8, ge=1, description="adapter rank; RL carries ~1 bit per episode, so small ranks suffice")
-    alpha: int = Field(16, ge=1, description="scaling numerator; alpha = 2*r is the usual choice")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout; keep 0 for RL")
+    r: int = Field(
+        default=8, ge=1, description="adapter rank; RL carries ~1 bit per episode, so small ranks suffice"
+    )
+    alpha: int = Field(default=16, ge=1, description="scaling numerator; alpha = 2*r is the usual choice")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="LoRA dropout; keep 0 for RL")
     target_modules: list[str] = Field(
         default_factory=lambda: list(ALL_LINEAR),
         description="modules to adapt; all linear projections beat attention-only at the same rank",
     )
+
+
+# ART's LoRA keywords (its own and peft's spellings) -> LoRAConfig fields
+ART_LORA_KEYS = {"r": "r", "rank": "r", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout"}
+ART_LORA_KEYS |= {"dropout": "dropout", "target_modules": "target_modules"}
+
+
+def art_lora_fields(section: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """LoRAConfig fields from ART's `lora_config` (or `_internal_config`'s `peft_args`); other keys are reported
+    once as having no effect. Example: `art_lora_fields("lora_config", {"lora_alpha": 32})` -> `{"alpha": 32}`."""
+    fields: dict[str, Any] = {}
+    for key, value in args.items():
+        if key in ART_LORA_KEYS:
+            fields[ART_LORA_KEYS[key]] = value
+        else:
+            report_ignored(
+                f"_internal_config.{section}.{key}", "artnb's LoRA has rank, alpha, dropout and targets"
+            )
+    return fields
 
 
 class TrainConfig(_Strict):
@@ -50,18 +71,22 @@ class TrainConfig(_Strict):
     `resolve_train_config`; `beta` is accepted here too, as the old name of `kl_penalty_coef`.
     """
 
-    learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate for the LoRA weights")
+    learning_rate: float = Field(default=5e-6, gt=0, description="AdamW learning rate for the LoRA weights")
     loss_fn: Literal["cispo", "ppo"] = Field(
-        "cispo",
+        default="cispo",
         description="'cispo': clipped stop-gradient IS weight times logprob (default, as ART since 2026); "
         "'ppo': token-level PPO clip objective",
     )
-    epsilon: float | None = Field(None, ge=0, description="lower clip; default 0.2 for ppo, 1.0 for cispo")
+    epsilon: float | None = Field(
+        default=None, ge=0, description="lower clip; default 0.2 for ppo, 1.0 for cispo"
+    )
     epsilon_high: float | None = Field(
-        None, ge=0, description="upper clip; default epsilon for ppo, 4.0 for cispo (DAPO uses 0.28 with ppo)"
+        default=None,
+        ge=0,
+        description="upper clip; default epsilon for ppo, 4.0 for cispo (DAPO uses 0.28 with ppo)",
     )
     importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"] = Field(
-        "token",
+        default="token",
         description="'token': each token's own ratio; 'sequence': GSPO (arXiv 2507.18071), the geometric mean "
         "of the sequence's token ratios, clipped per sequence and shared by its tokens (steadier on long "
         "completions and MoE models); 'average' / 'geometric_average': ART's mixes of the two. It matters only "
@@ -70,11 +95,11 @@ class TrainConfig(_Strict):
         "geometric-mean ratio rarely leaves [0.8, 1.2]",
     )
     scale_rewards: bool = Field(
-        True,
+        default=True,
         description="divide group advantages by the group std (False = Dr. GRPO; ART's normalize_advantages=False)",
     )
     advantage_balance: float = Field(
-        0.0,
+        default=0.0,
         ge=-1,
         le=1,
         description="b > 0 scales negative advantages by 1 - b (1: learn only from better-than-average "
@@ -82,67 +107,74 @@ class TrainConfig(_Strict):
         "not, so |b| also shrinks the step",
     )
     kl_penalty_coef: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         validation_alias=AliasChoices("kl_penalty_coef", "beta"),
         description="weight of the k3 KL to the base model (ART 0.3-0.4 call it beta); 0 skips the reference "
         "forward pass. Try 0.01-0.1 if the policy drifts into degenerate text",
     )
     max_negative_advantage_importance_sampling_weight: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="cap c on the importance ratio, r <- min(r, c), on every token as ART does; under ppo it "
         "only changes negative-advantage tokens, whose unclipped r*A the min keeps. Set it (e.g. 2-5) when "
         "off-policy negative samples make the loss spike",
     )
     mask_prob_ratio: bool = Field(
-        False,
+        default=False,
         description="drop tokens whose ratio leaves the clip range (no loss, no gradient) instead of clipping "
         "their ratio (masked importance sampling)",
     )
     kimi_k2_tau: float | None = Field(
-        None,
+        default=None,
         description="Kimi K2's tau: A_t <- A_t - tau (new_t - old_t), a pull back towards the sampling policy; "
         "leave None unless reproducing K2",
     )
     truncated_importance_sampling: float | None = Field(
-        None, gt=0, description="cap on the engine/trainer probability ratio that weights each token's loss"
+        default=None,
+        gt=0,
+        description="cap on the engine/trainer probability ratio that weights each token's loss",
     )
     precalculate_logprobs: bool = Field(
-        False,
+        default=False,
         description="before the update, recompute the old logprobs with the trainer itself (no grad, eval "
         "mode) instead of using the engine's, so the ratio holds only the policy change and not the "
         "engine/trainer numerical mismatch; truncated_importance_sampling then weights by trainer/engine. One "
         "extra forward pass. A step here is one update, so the ratio is then ~1 (REINFORCE plus that weight)",
     )
     num_trajectories_learning_rate_multiplier_power: float = Field(
-        0.0,
+        default=0.0,
         description="multiply the step's learning rate by (trajectories trained on)^power: 0.5 is the "
         "square-root batch-size rule (the loss is a token mean, so a bigger batch alone does not step further)",
     )
     allow_training_without_logprobs: bool = Field(
-        False, description="train assistant dicts with no sampling logprobs (plain REINFORCE on those turns)"
+        default=False,
+        description="train assistant dicts with no sampling logprobs (plain REINFORCE on those turns)",
     )
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping threshold")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping threshold")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     micro_batch_tokens: int = Field(
-        2048, ge=64, description="padded-token budget per forward/backward; lower it if memory runs out"
+        default=2048,
+        ge=64,
+        description="padded-token budget per forward/backward; lower it if memory runs out",
     )
     max_seq_length: int | None = Field(
-        None,
+        default=None,
         ge=16,
         description="drop longer sequences (counted in metrics); None = the model's context length",
     )
     logprob_calculation_chunk_size: int | None = Field(
-        1024,
+        default=1024,
         ge=1,
         description="positions per LM-head + log_softmax chunk, so the [positions, vocab] logits never exist "
         "whole (each chunk is recomputed in backward, ~5% more compute). Lower it if the logits run out of "
         "memory (a large vocabulary, a long micro-batch); None computes them in one go",
     )
-    verbose: bool = Field(False, description="print the trainer's metrics when the step's update is done")
+    verbose: bool = Field(
+        default=False, description="print the trainer's metrics when the step's update is done"
+    )
     on_nothing_to_train: Literal["raise", "skip"] = Field(
-        "raise",
+        default="raise",
         description="a batch with no trajectories, or whose sequences are all over max_seq_length: 'raise' "
         "NothingToTrainError (the step does not advance, nothing is written); 'skip' records a skipped step "
         "in the history, still without a new checkpoint. Groups with equal rewards are not 'nothing': their "
@@ -297,13 +329,15 @@ def low_memory_requested() -> bool:
 class TrainerConfig(_Strict):
     """How the trainer runs (device and memory trade-offs), fixed for the life of a backend."""
 
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available")
-    gradient_checkpointing: bool = Field(
-        False, description="recompute activations in backward: ~40% less memory, ~30% slower"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="'auto' picks cuda when available"
     )
-    seed: int = Field(0, description="seed for LoRA initialisation and dropout")
+    gradient_checkpointing: bool = Field(
+        default=False, description="recompute activations in backward: ~40% less memory, ~30% slower"
+    )
+    seed: int = Field(default=0, description="seed for LoRA initialisation and dropout")
     share_prefixes: bool = Field(
-        True,
+        default=True,
         description="run the prompt that a micro-batch's sequences share (the system prompt, a group's "
         "scenario) once instead of once per sequence; the gradient is the same. Off: every row runs whole. "
         "Not with gradient_checkpointing, which turns off the key/value cache it needs",

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     import httpx
 
     from .config import TrainConfig
-    from .model import Model, TrainableModel, TrainResult
+    from .model import Model, TrainableModel
     from .tokenize import TokenizedSequence
-    from .train_request import SFTRequest, TrainOutcome, TrainRequest
-    from .trajectory import Trajectory, TrajectoryGroup
+    from .train_request import SFTRequest, TrainOutcome, TrainRequest, TrainResult
+    from .trajectory import Message, Trajectory, TrajectoryGroup
 
 
 @runtime_checkable
@@ -31,50 +31,62 @@ class Backend(Protocol):
 
     async def register(self, model: Model) -> None:
         """Serve a TrainableModel (resuming its run); give any model the backend's place for its logs."""
+        ...
 
     async def get_step(self, model: TrainableModel) -> int:
         """The newest committed step of the model's run."""
+        ...
 
     async def train_step(self, model: TrainableModel, request: TrainRequest) -> TrainOutcome:
         """One GRPO step, committed with its history row and rollouts; what it committed, for the model to
         record (TrainableModel.train builds the request and records the outcome)."""
+        ...
 
     async def train_sft_step(self, model: TrainableModel, request: SFTRequest) -> TrainOutcome:
         """One SFT step, committed like a GRPO step."""
+        ...
 
     async def train(
         self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup], **options: Any
     ) -> TrainResult:
         """ART's spelling of `model.train(trajectory_groups, **options)`."""
+        ...
 
     async def train_sft(
         self, model: TrainableModel, trajectories: Iterable[Trajectory], **options: Any
     ) -> TrainResult:
         """ART's spelling of `model.train_sft(trajectories, **options)`."""
+        ...
 
     async def log(
         self, model: Model, split: str, step: int, row: dict[str, Any], groups: Sequence[TrajectoryGroup]
     ) -> None:
         """Record a history row and the groups' trajectories for `split` at `step` in the model's run."""
+        ...
 
     async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
         """Delete every checkpoint but the latest and the best; the deleted steps."""
+        ...
 
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`."""
+        ...
 
     async def close(self) -> None:
         """Stop serving and release what the backend holds."""
+        ...
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """An OpenAI-compatible inference server with runtime LoRA loading (engines/process.py, vllm_engine.py)."""
+    """An OpenAI-compatible inference server with runtime LoRA loading (engines/hf/, engines/vllm/)."""
 
-    base_url: str
     api_key: str
-    log_path: Path
 
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def log_path(self) -> Path: ...
     async def start(self, timeout: float = ...) -> None: ...
     async def stop(self) -> None: ...
     def stop_now(self) -> None: ...
@@ -88,6 +100,23 @@ class Engine(Protocol):
 
     async def release(self) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class InProcessJudge(Protocol):
+    """A RULER judge that scores in this process, with no requests, cache or rate limits (`art.LocalJudge`,
+    artnb/local_judge.py); RULER and the preflight take one wherever they take a judge."""
+
+    @property
+    def label(self) -> str:
+        """How reports and panels name the judge."""
+        ...
+
+    async def score(
+        self, distinct: Sequence[Sequence[Message]], rubric: str, tools: list[dict[str, Any]] | None = None
+    ) -> list[tuple[float, str]]:
+        """(score in [0, 1], explanation) for each conversation, in order, relative to each other."""
+        ...
 
 
 @runtime_checkable
@@ -113,3 +142,7 @@ class Trainer(Protocol):
     def reset_optimizer(self) -> None: ...
     def free_memory(self) -> None:
         """Release cached accelerator memory after a step, before the engine on the same GPU wakes."""
+
+    def close(self) -> None:
+        """Stop what the trainer runs outside this process (the FSDP trainer's ranks); the backend calls it once
+        it no longer serves the model."""

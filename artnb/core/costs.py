@@ -29,7 +29,7 @@ class CostLedger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._totals: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def add(
         self,

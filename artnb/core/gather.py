@@ -14,30 +14,23 @@ was before `after_each`, marked with `metrics["after_each_error"] = 1`; "raise" 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel
-from tqdm.auto import tqdm
 
 from .ignored import report_ignored
+from .progress import RolloutProgress, TooManyExceptions, active_progress, all_or_cancel
 from .trajectory import ExceptionRecord, PendingGroup, Trajectory, TrajectoryGroup
 
 log = logging.getLogger("artnb")
-T = TypeVar("T")
 AfterEach = Callable[[TrajectoryGroup], Any]
 AfterEachErrors = Literal["drop", "keep", "raise"]
 AFTER_EACH_ERROR_METRIC = "after_each_error"  # group.metrics key of a group kept unprocessed ("keep")
 _ON_FAILURE = {"drop": "leaving it out", "keep": "keeping it as it was", "raise": "stopping the gather"}
-
-
-class TooManyExceptions(RuntimeError):
-    """More rollouts failed than `max_exceptions` allows; the first failure is chained as the cause."""
 
 
 class AfterEachFailure(BaseModel):
@@ -55,109 +48,6 @@ class GatheredGroups(list[TrajectoryGroup]):
     ) -> None:
         super().__init__(groups)
         self.after_each_failures = list(after_each_failures)
-
-
-class _Progress:
-    """One bar and the exception budget shared by every rollout of a gather call."""
-
-    def __init__(
-        self, total: int, desc: str, max_exceptions: int | float, max_metrics: int | None = None
-    ) -> None:
-        self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
-        self.total = total
-        self.max_exceptions = max_exceptions
-        self.max_metrics = max_metrics  # running means shown on the bar at most (reward first), None: all
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-        self.exceptions = 0
-        self.after_each_failures = 0
-
-    def allowed_exceptions(self) -> int:
-        m = self.max_exceptions
-        if isinstance(m, float) and 0 < m < 1:
-            return math.floor(m * max(self.total, 1))
-        return int(m)
-
-    def add_trajectory(self, t: Trajectory, advance: int = 1) -> None:
-        """Count `t` in the running means; move the bar by `advance` rollouts (0 for a rollout's later trajectories)."""
-        for key, value in {"reward": t.reward, **t.metrics}.items():
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self.sums[key] = self.sums.get(key, 0.0) + float(value)
-                self.counts[key] = self.counts.get(key, 0) + 1
-        self._refresh(advance)
-
-    def add_exception(self, exc: BaseException) -> None:
-        self.exceptions += 1
-        self._refresh()
-        if self.exceptions > self.allowed_exceptions():
-            raise TooManyExceptions(
-                f"{self.exceptions} rollouts failed, more than max_exceptions={self.max_exceptions}; "
-                f"the first failure follows. Raise max_exceptions (a count or a fraction) to tolerate failures."
-            ) from exc
-
-    def add_after_each_failure(self) -> None:
-        self.after_each_failures += 1
-        self._refresh(advance=0)
-
-    def _refresh(self, advance: int = 1) -> None:
-        keys = sorted(self.sums, key=lambda k: k != "reward")[: self.max_metrics]
-        postfix = {k: f"{self.sums[k] / self.counts[k]:.3g}" for k in keys}
-        if self.exceptions:
-            postfix["exceptions"] = str(self.exceptions)
-        if self.after_each_failures:
-            postfix["after_each_errors"] = str(self.after_each_failures)
-        self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(advance)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-_progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
-    "artnb_gather_progress", default=None
-)
-
-
-async def _all_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
-    """asyncio.gather that cancels the siblings when one fails (so a failed gather stops spending tokens)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-async def _one(aw: Awaitable[Trajectory] | Trajectory, progress: _Progress) -> Trajectory | BaseException:
-    try:
-        result = await aw if inspect.isawaitable(aw) else aw
-        if not isinstance(result, Trajectory):
-            raise TypeError(
-                f"a rollout returned {type(result).__name__}; rollouts must return an art.Trajectory"
-            )
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # a failed rollout is data, kept in group.exceptions
-        progress.add_exception(exc)
-        return exc
-    progress.add_trajectory(result)
-    return result
-
-
-async def run_group(pending: PendingGroup) -> TrajectoryGroup:
-    """Run a group's rollouts; uses the enclosing gather's bar, or its own when awaited alone."""
-    progress = _progress.get()
-    own = progress is None
-    if own:
-        progress = _Progress(len(pending), "group", 0)
-    try:
-        results = await _all_or_cancel(_one(aw, progress) for aw in pending.awaitables)
-    finally:
-        if own:
-            progress.close()
-    return TrajectoryGroup(results, **pending.group_kwargs)
 
 
 def _as_groups(out: Any) -> list[TrajectoryGroup]:
@@ -236,9 +126,9 @@ async def gather_trajectory_groups(
             "gather_trajectory_groups(pbar_total_completion_tokens=True)",
             "deprecated in ART too; the bar counts rollouts and shows running means",
         )
-    progress = _Progress(total, pbar_desc, max_exceptions, max_metrics)
+    progress = RolloutProgress(total, pbar_desc, max_exceptions, max_metrics)
     failures: list[AfterEachFailure] = []
-    token = _progress.set(progress)
+    token = active_progress.set(progress)
 
     async def finish(index: int, item: Any) -> list[TrajectoryGroup]:
         if isinstance(item, TrajectoryGroup):
@@ -267,9 +157,9 @@ async def gather_trajectory_groups(
         return _as_groups(out)
 
     try:
-        nested = await _all_or_cancel(finish(i, item) for i, item in enumerate(items))
+        nested = await all_or_cancel(finish(i, item) for i, item in enumerate(items))
     finally:
-        _progress.reset(token)
+        active_progress.reset(token)
         progress.close()
     failures.sort(key=lambda f: f.group_index)
     return GatheredGroups((g for gs in nested for g in gs), failures)
@@ -283,7 +173,7 @@ async def gather_trajectories(
 ) -> list[Trajectory | list[Trajectory] | BaseException]:
     """Like gather_trajectory_groups for bare rollouts; tolerated failures are returned in place."""
     items = list(trajectories)
-    progress = _Progress(len(items), pbar_desc, max_exceptions)
+    progress = RolloutProgress(len(items), pbar_desc, max_exceptions)
 
     async def one(aw: Awaitable[Any]) -> Any:
         try:
@@ -301,7 +191,7 @@ async def gather_trajectories(
         return result
 
     try:
-        return await _all_or_cancel(one(a) for a in items)
+        return await all_or_cancel(one(a) for a in items)
     finally:
         progress.close()
 
@@ -370,5 +260,4 @@ __all__ = [
     "gather_trajectories",
     "gather_trajectory_groups",
     "retry",
-    "run_group",
 ]

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import openai
 from pydantic import BaseModel, ConfigDict, Field
@@ -172,7 +172,7 @@ async def _request(
         max_retries=0,  # the OpenAI client's retries inside it (2 by default)
     )
     with no_capture():  # a judge's reply is not the policy's turn, even when a rollout asks for it
-        response = await asyncio.wait_for(call, timeout_s)
+        response = cast("litellm.ModelResponse", await asyncio.wait_for(call, timeout_s))  # not streamed
     costs.record("judge/ruler", response, model=params.get("model"))
     if not response.choices:
         raise EmptyReply("the judge's reply has an empty `choices` list (no answer at all)")

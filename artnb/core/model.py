@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from .. import integrations
 from . import costs
 from . import metric_names as names
-from .config import LoRAConfig, TrainConfig
+from .config import LoRAConfig, TrainConfig, art_lora_fields
 from .ignored import report_ignored
 from .metrics_builder import MetricsBuilder
 from .names import check_name
+from .reporting import ModelReporting, metric_names, what_reports
 from .store import RunStore
-from .train_request import SFTRequest, TrainOutcome, TrainRequest
+from .train_request import SFTRequest, TrainOutcome, TrainRequest, TrainResult
 from .trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -37,13 +37,6 @@ if TYPE_CHECKING:
 
 class NothingToTrainError(ValueError):
     """The batch has nothing a step could learn from; the step did not advance and nothing was written."""
-
-
-class TrainResult(BaseModel):
-    step: int  # the new step (its checkpoint is being served)
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    checkpoint_path: str | None = None
-    skipped: str | None = None  # why the step made no update (equal rewards, nothing to train on), if so
 
 
 ModelConfig = TypeVar("ModelConfig", bound=BaseModel | None)
@@ -75,7 +68,7 @@ class Model(BaseModel, Generic[ModelConfig]):
     project: str = "default"
     config: ModelConfig | None = None
     inference_base_url: str | None = None
-    inference_api_key: str | None = Field(None, repr=False)  # never in reprs, logs or model.json
+    inference_api_key: str | None = Field(default=None, repr=False)  # never in reprs, logs or model.json
     inference_model_name: str | None = None
     base_path: str = "./.art"
     trainable: bool = False
@@ -89,7 +82,7 @@ class Model(BaseModel, Generic[ModelConfig]):
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
     _trained: _TrainedBatch | None = PrivateAttr(default=None)
-    _reporters: list | None = PrivateAttr(default=None)  # integrations.reporters(): W&B, Langfuse
+    _reporting: ModelReporting | None = PrivateAttr(default=None)  # W&B, Trackio, Langfuse (reporting.py)
     _costs: MetricsBuilder = PrivateAttr(default_factory=MetricsBuilder)
 
     @field_validator("name", "project")
@@ -123,14 +116,23 @@ class Model(BaseModel, Generic[ModelConfig]):
                 _count_costs(
                     self._openai_client, f"model/{self.name}", self.inference_model_name, self._costs
                 )
-            integrations.instrument(self, self._openai_client)
+            self.reporting.client_created(self._openai_client)
         return self._openai_client
+
+    @property
+    def reporting(self) -> ModelReporting:
+        """Where this model's history rows and clients are reported: the W&B, Trackio and Langfuse reporters
+        artnb/integrations registers, those asked for started on first use (core/reporting.py)."""
+        if self._reporting is None:
+            self._reporting = ModelReporting(self)
+        return self._reporting
 
     def update_wandb_config(self, config: dict[str, Any]) -> None:
         """Add `config` to the model's W&B run config (ART's call); nothing happens when W&B is off for it."""
-        for reporter in integrations.reporters(self):
-            if hasattr(reporter, "update_config"):
-                reporter.update_config(config)
+        for reporter in self.reporting.reporters():
+            update_config = getattr(reporter, "update_config", None)
+            if update_config is not None:
+                update_config(config)
 
     def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
         """What this model's next history row takes its `costs/`, `time/`, `data/` and `throughput/` values from
@@ -159,11 +161,8 @@ class Model(BaseModel, Generic[ModelConfig]):
                     f"model {self.name!r}: its config cannot be saved as JSON ({error}); use JSON-friendly "
                     "field types (str, numbers, lists, dicts, nested pydantic models)"
                 ) from error
-        for name in set(self.report_metrics or ()) - set(integrations.METRIC_REPORTERS):
-            report_ignored(
-                f"report_metrics=[{name!r}]",
-                f"artnb reports to {' and '.join(map(repr, integrations.METRIC_REPORTERS))} (and Langfuse, by its keys)",
-            )
+        for name in set(self.report_metrics or ()) - set(metric_names()):
+            report_ignored(f"report_metrics=[{name!r}]", what_reports())
         previous = (self._backend, self.base_path)
         self._backend = backend
         self.base_path = str(backend.path)
@@ -251,7 +250,7 @@ class Model(BaseModel, Generic[ModelConfig]):
             if groups:
                 self.store.write_trajectories(split, step, groups)
             self.store.append_history(row)
-        integrations.report(self, row, groups)
+        self.reporting.row_logged(row, groups)
 
     async def _record(
         self, groups: list[TrajectoryGroup], outcome: TrainOutcome, config: TrainConfig
@@ -262,7 +261,7 @@ class Model(BaseModel, Generic[ModelConfig]):
         if committed is None:
             return
         self._trained = _TrainedBatch(groups, committed.steps, committed.commit, dict(committed.row))
-        integrations.report(self, committed.row, groups, config)
+        self.reporting.row_logged(committed.row, groups, config)
         if spent := costs.drain_for(self._costs):  # what judges and hosted models cost during this step
             await self._merge_into_trained(self._trained, spent)
 
@@ -304,12 +303,14 @@ class TrainableModel(Model[ModelConfig]):
         if lora_config is not None:
             if "lora" in data:
                 raise ValueError("pass either lora= (artnb's LoRAConfig) or lora_config= (ART's), not both")
-            from ..dev.settings import resolve_internal_config
-
-            lora = resolve_internal_config({"lora_config": lora_config}, on_cuda=False).lora
-            data["lora"] = LoRAConfig(**lora)
+            data["lora"] = LoRAConfig(**art_lora_fields("lora_config", lora_config))
         super().__init__(**data)
         self._internal_config = dict(_internal_config) if _internal_config is not None else None
+
+    @property
+    def internal_config(self) -> Mapping[str, Any] | None:
+        """What ART's `_internal_config` asks for (None when nothing), for the backend to apply."""
+        return self._internal_config
 
     def _require_backend(self):
         if self._backend is None:
@@ -330,7 +331,7 @@ class TrainableModel(Model[ModelConfig]):
 
     async def train(
         self,
-        trajectory_groups: Sequence[TrajectoryGroup],
+        trajectory_groups: Iterable[TrajectoryGroup],
         config: TrainConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
@@ -377,9 +378,9 @@ class TrainableModel(Model[ModelConfig]):
         request = SFTRequest.build(trajectories, config, options)
         outcome = await backend.train_sft_step(self, request)
         if outcome.committed is not None:
-            integrations.report(self, outcome.committed.row, config=request.config)
+            self.reporting.row_logged(outcome.committed.row, config=request.config)
         if verbose:
-            print(sft_step_line(outcome.result, len(request.trajectories)))
+            print(sft_step_line(outcome.result.step, outcome.result.metrics, len(request.trajectories)))
         return outcome.result
 
     async def delete_checkpoints(

@@ -25,15 +25,15 @@ from openai.types.chat.chat_completion import Choice
 
 from . import costs
 from .compare import compare_rewards
+from .contracts import InProcessJudge
 from .gather import gather_trajectory_groups
-from .local_judge import LocalJudge
 from .metric_names import STEP_TRAIN_S
 from .model import Model
 from .ruler import DEFAULT_RUBRIC, ruler_score_group
 from .trajectory import Trajectory, TrajectoryGroup, dumps_json, reward_problem
 
 Status = Literal["ok", "warn", "fail"]
-Judge = str | Model | LocalJudge
+Judge = str | Model | InProcessJudge
 AGREEMENT_WARN = 0.3  # mean Spearman below this: the judge ranks mostly unlike the task's own reward
 AGREEMENT_MIN_GROUPS = 3  # fewer groups with a rank correlation: too few to say whether the judge agrees
 REPEATS_WARN = 0.5  # share of rollouts that repeat a sibling word for word
@@ -192,10 +192,12 @@ async def _judge(batch: Batch, judge: Judge, params: dict[str, Any] | None, rubr
     batch.judge_s = time.monotonic() - start
     batch.judged = [r for r in results if isinstance(r, TrajectoryGroup)]
     batch.judge_errors = [f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException)]
-    batch.judge_label = judge.label if isinstance(judge, LocalJudge) else str(getattr(judge, "name", judge))
+    batch.judge_label = (
+        judge.label if isinstance(judge, InProcessJudge) else str(getattr(judge, "name", judge))
+    )
     spent = ledger.forward(costs.shared)  # still recorded with the next history row, like any judge call
     usd = spent.get("costs/judge/ruler/usd")
-    batch.judge_usd = 0.0 if isinstance(judge, LocalJudge) else usd
+    batch.judge_usd = 0.0 if isinstance(judge, InProcessJudge) else usd
 
 
 def _train_seconds(model: Model) -> float | None:

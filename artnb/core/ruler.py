@@ -7,7 +7,7 @@ hand-written reward function (`ruler_score_group`), or checks one (`compare_rewa
 Design choices:
 - Any judge litellm reaches (`"openai/o4-mini"`, `"hosted_vllm/..."`, `"ollama/..."`), or any `art.Model`,
   such as the local base model our engine serves, which works offline with no API key. `art.LocalJudge()`
-  (local_judge.py) scores offline from token probabilities instead, one attempt at a time, which a small
+  (artnb/local_judge.py) scores offline from token probabilities instead, one attempt at a time, which a small
   model does better than writing the list; it bypasses the cache and request limits below. An `art.Model`
   judge is called through litellm's OpenAI provider at the model's endpoint, with a JSON schema made for this
   group (each id once, in order; scores in [0, 1]; short explanations), which our engines and vLLM enforce
@@ -43,9 +43,9 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ValidationError
 
 from .cache import cache_dir as artnb_cache_dir
+from .contracts import InProcessJudge
 from .judge_cache import JudgeCache
 from .judge_requests import JudgeLimits, RulerError, fold_litellm_limits, request_judge
-from .local_judge import LocalJudge
 from .model import Model
 from .trajectory import Message, TrajectoryGroup, choice_to_message, shared_prefix
 
@@ -103,7 +103,7 @@ class _Unusable(ValueError):
 
 async def ruler(
     message_lists: Iterable[Sequence[Message]],
-    judge_model: str | Model | LocalJudge,
+    judge_model: str | Model | InProcessJudge,
     extra_litellm_params: dict[str, Any] | None = None,
     rubric: str = DEFAULT_RUBRIC,
     tools: list[dict[str, Any]] | None = None,
@@ -144,7 +144,7 @@ async def ruler(
     judge_ids = [unique.setdefault(_canonical(messages), len(unique) + 1) for messages in lists]
     distinct = [lists[judge_ids.index(i)] for i in range(1, len(unique) + 1)]
     ids = [str(i) for i in range(1, len(distinct) + 1)]
-    if isinstance(judge_model, LocalJudge):
+    if isinstance(judge_model, InProcessJudge):
         found = await judge_model.score(distinct, rubric, tools)
         return [
             TrajectoryScore(trajectory_id=str(n + 1), explanation=found[j - 1][1], score=found[j - 1][0])
@@ -181,7 +181,7 @@ async def ruler(
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge_model: str | Model | LocalJudge,
+    judge_model: str | Model | InProcessJudge,
     extra_litellm_params: dict[str, Any] | None = None,
     rubric: str = DEFAULT_RUBRIC,
     *,

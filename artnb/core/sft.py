@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -35,11 +35,8 @@ from transformers import PreTrainedTokenizerBase
 
 from . import metric_names as names
 from .ignored import report_ignored
-from .tokenize import TokenizedSequence, _tokenize_history, _trainable_turns
+from .tokenize import TokenizedSequence, tokenize_history, trainable_turns
 from .trajectory import History, Trajectory
-
-if TYPE_CHECKING:
-    from .model import TrainResult
 
 AUTO_BATCH_SIZE = 2  # ART's LocalBackend default for batch_size="auto"
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -57,29 +54,33 @@ class TrainSFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     learning_rate: float | list[float] = Field(
-        5e-4,
+        default=5e-4,
         description="AdamW learning rate, or one per batch (as create_sft_dataset_iterator and "
         "train_sft_from_file make them). 5e-4 teaches the embedded 135M model a new answer format in ~8 steps "
         "of 4 examples; use ART's 2e-5..2e-4 for 3B+ models",
     )
     batch_size: int | Literal["auto"] = Field(
-        "auto",
+        default="auto",
         description="trajectories per optimizer step; 'auto' = 2 (ART's LocalBackend default). Larger batches "
         "give smoother steps at the same cost per example",
     )
     assistant_turns: Literal["all", "last"] = Field(
-        "all",
+        default="all",
         description="'all': train every assistant turn; 'last': only the last one, earlier turns are context",
     )
     max_seq_length: int | None = Field(
-        None,
+        default=None,
         ge=16,
         description="drop longer examples (counted in data/num_dropped_too_long); None = the model's context",
     )
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping threshold per optimizer step")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(
+        default=1.0, gt=0, description="gradient clipping threshold per optimizer step"
+    )
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     micro_batch_tokens: int = Field(
-        2048, ge=64, description="padded-token budget per forward/backward; lower it if memory runs out"
+        default=2048,
+        ge=64,
+        description="padded-token budget per forward/backward; lower it if memory runs out",
     )
 
     @field_validator("learning_rate")
@@ -246,11 +247,11 @@ def tokenize_sft_trajectory(
                 f"{where} has no assistant message, so there is nothing to learn (SFT trains the assistant "
                 "turns; system, user and tool messages are context). Add the reply, or leave the example out"
             )
-        turns = _trainable_turns(history, tokenizer, where, allow_training_without_logprobs=True)
+        turns = trainable_turns(history, tokenizer, where, allow_training_without_logprobs=True)
         if assistant_turns == "last":
             turns = turns[-1:]
         tools = history.tools if history.tools is not None else trajectory.tools
-        out.append(_tokenize_history(tokenizer, history, tools, turns, 1.0, 0, index, where))
+        out.append(tokenize_history(tokenizer, history, tools, turns, 1.0, 0, index, where))
     return out
 
 
@@ -329,11 +330,11 @@ def summarize_sft_updates(updates: Iterable[dict[str, float]]) -> dict[str, floa
     }
 
 
-def sft_step_line(result: TrainResult, num_trajectories: int) -> str:
-    """What `train_sft(..., verbose=True)` prints about a committed SFT step."""
-    m = result.metrics
+def sft_step_line(step: int, metrics: Mapping[str, Any], num_trajectories: int) -> str:
+    """What `train_sft(..., verbose=True)` prints about a committed SFT step (`step`: the new step)."""
+    m = metrics
     return (
-        f"SFT step {result.step - 1} -> {result.step}: {num_trajectories} trajectories in "
+        f"SFT step {step - 1} -> {step}: {num_trajectories} trajectories in "
         f"{m[names.trainer('num_gradient_steps')]:.0f} batches, loss {m[names.SFT_LOSS]:.4f}, "
         f"{m[names.data('num_dropped_too_long')]:.0f} dropped as too long, {m[names.trainer('seconds')]:.1f} s"
     )

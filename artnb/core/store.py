@@ -467,17 +467,20 @@ def read_rollouts(path: str | Path) -> list[TrajectoryGroup]:
     """Groups from a rollouts parquet file (as `write_trajectories` writes them)."""
     df = pd.read_parquet(path)
     groups = []
+    columns = ["messages", "reward", "metrics", "metadata", "logs", "tools"]
     for _, rows in df.groupby("group_index", sort=True):
         trajs = [
             Trajectory(
-                messages_and_choices=json.loads(r.messages),
-                reward=r.reward,
-                metrics=json.loads(r.metrics),
-                metadata=json.loads(r.metadata),
-                logs=list(r.logs),
-                tools=json.loads(r.tools),
+                messages_and_choices=json.loads(messages),
+                reward=reward,
+                metrics=json.loads(metrics),
+                metadata=json.loads(metadata),
+                logs=list(logs),
+                tools=json.loads(tools),
             )
-            for r in rows.itertuples()
+            for messages, reward, metrics, metadata, logs, tools in rows[columns].itertuples(
+                index=False, name=None
+            )
         ]
         groups.append(TrajectoryGroup(trajs, metadata=json.loads(rows.iloc[0]["group_metadata"])))
     return groups

@@ -27,7 +27,7 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from openai.types.chat.chat_completion import Choice
 from transformers import AddedToken, PreTrainedTokenizerBase
@@ -89,7 +89,7 @@ class _Placeholders:
         self.tokenizer.add_tokens(
             [AddedToken(t, special=True, normalized=False) for t in new], special_tokens=True
         )
-        self.ids.extend(self.tokenizer.convert_tokens_to_ids(new))
+        self.ids.extend(cast(list[int], self.tokenizer.convert_tokens_to_ids(new)))  # a list in, a list out
 
 
 _cache: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, _Placeholders] = weakref.WeakKeyDictionary()
@@ -137,7 +137,7 @@ def _sampled_ids(choice: Choice, tokenizer: PreTrainedTokenizerBase, where: str)
     return out
 
 
-def _trainable_turns(
+def trainable_turns(
     history: History, tokenizer: PreTrainedTokenizerBase, where: str, allow_training_without_logprobs: bool
 ) -> list[_Turn]:
     """The trainable turns of one history, validated; raises naming `where` and the fix."""
@@ -182,7 +182,8 @@ def _without_turns(trajectory: Trajectory) -> int:
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Any, where: str) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        # tokenize=False returns the text (transformers types the call's every return kind)
+        return cast(str, tokenizer.apply_chat_template(messages, tools=tools, tokenize=False))
     except Exception as e:
         raise ValueError(
             f"{where}: the chat template could not render the conversation ({type(e).__name__}: {e}). "
@@ -198,7 +199,7 @@ def _overlap(sampled: list[int], following: list[int], special: set[int]) -> int
     return 0
 
 
-def _tokenize_history(
+def tokenize_history(
     tokenizer: PreTrainedTokenizerBase,
     history: History,
     tools: Any,
@@ -302,11 +303,11 @@ def tokenize_trajectory(
     for hi, history in enumerate(trajectory.histories()):
         where = _where(group_index, trajectory_index, hi - 1 if hi else None)
         tools = history.tools if history.tools is not None else trajectory.tools
-        turns = _trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
+        turns = trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
         if not turns:  # no assistant message at all: nothing to train, as in ART
             continue
         out.append(
-            _tokenize_history(
+            tokenize_history(
                 tokenizer, history, tools, turns, advantage, group_index, trajectory_index, where
             )
         )
@@ -344,7 +345,7 @@ def _validate(
         for ti, t in enumerate(group.trajectories):
             for hi, history in enumerate(t.histories()):
                 where = _where(gi, ti, hi - 1 if hi else None)
-                _trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
+                trainable_turns(history, tokenizer, where, allow_training_without_logprobs)
 
 
 def tokenize_groups(
@@ -376,13 +377,16 @@ def tokenize_groups(
             if advantage == 0:
                 zero += 1
                 continue
-            kw = dict(
+            without_turns += _without_turns(t)
+            per_history = tokenize_trajectory(
+                tokenizer,
+                t,
+                advantage,
                 group_index=gi,
                 trajectory_index=ti,
                 allow_training_without_logprobs=allow_training_without_logprobs,
             )
-            without_turns += _without_turns(t)
-            for hi, seq in enumerate(tokenize_trajectory(tokenizer, t, advantage, **kw)):
+            for hi, seq in enumerate(per_history):
                 if max_seq_length is not None and len(seq.token_ids) > max_seq_length:
                     too_long += 1
                     warnings.warn(

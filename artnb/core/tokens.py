@@ -72,11 +72,11 @@ class TokenSummary:
 
 
 def summarize_tokens(rows: list[TokenRow]) -> TokenSummary:
-    scored = [r for r in rows if r.logprob is not None]
+    scored = [(r.logprob, r) for r in rows if r.logprob is not None]
     if not scored:
         return TokenSummary(len(rows), None, None, ())
-    mean = statistics.fmean(r.logprob for r in scored)
-    lowest = tuple(sorted(scored, key=lambda r: r.logprob)[:3])
+    mean = statistics.fmean(logprob for logprob, _ in scored)
+    lowest = tuple(r for _, r in sorted(scored, key=lambda x: x[0])[:3])
     return TokenSummary(len(rows), mean, math.exp(-mean), lowest)
 
 

@@ -13,13 +13,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, Field
+
 from .config import TrainConfig, resolve_train_config
 from .gather import AfterEachFailure, GatheredGroups
 from .trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
-    from .model import TrainResult
     from .sft import TrainSFTConfig  # sft.py imports transformers: not at `import artnb`
+
+
+class TrainResult(BaseModel):
+    """What `model.train(...)` and `model.train_sft(...)` return (ART's LocalTrainResult)."""
+
+    step: int  # the new step (its checkpoint is being served)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    checkpoint_path: str | None = None
+    skipped: str | None = None  # why the step made no update (equal rewards, nothing to train on), if so
 
 
 @dataclass(frozen=True)

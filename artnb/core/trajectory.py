@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Iterable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, overload
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -160,17 +160,25 @@ class TrajectoryGroup(BaseModel):
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
 
-    def __new__(cls, trajectories: Any = None, /, **kwargs: Any):
+    @overload
+    def __new__(
+        cls, trajectories: Iterable[Trajectory | BaseException] | None = None, /, **kwargs: Any
+    ) -> TrajectoryGroup: ...
+    @overload
+    def __new__(
+        cls, trajectories: Iterable[Awaitable[Trajectory] | Trajectory], /, **kwargs: Any
+    ) -> PendingGroup: ...
+    def __new__(cls, trajectories: Any = None, /, **kwargs: Any) -> TrajectoryGroup | PendingGroup:
         if trajectories is not None and not isinstance(trajectories, list):
             trajectories = list(trajectories)
         if trajectories and any(inspect.isawaitable(t) for t in trajectories):
             return PendingGroup(trajectories, **kwargs)
         obj = super().__new__(cls)
-        obj.__dict__["_pending_items"] = trajectories
+        vars(obj)["_pending_items"] = trajectories
         return obj
 
     def __init__(self, trajectories: Any = None, /, **kwargs: Any) -> None:
-        items = self.__dict__.pop("_pending_items", None)
+        items = vars(self).pop("_pending_items", None)
         if items is None and trajectories is not None:
             items = list(trajectories)
         trajs = [t for t in (items or []) if isinstance(t, Trajectory)]
@@ -229,9 +237,13 @@ class PendingGroup:
         return len(self.awaitables)
 
     def __await__(self):
-        from .gather import run_group
+        return self._run().__await__()
 
-        return run_group(self).__await__()
+    async def _run(self) -> TrajectoryGroup:
+        from .progress import run_rollouts  # imports tqdm: when a group runs, not at `import artnb`
+
+        results = await run_rollouts(self.awaitables, Trajectory)
+        return TrajectoryGroup(results, **self.group_kwargs)
 
 
 def shared_prefix(lists: list[list[Any]]) -> int:

@@ -247,7 +247,7 @@ def model_to_wire(model: Model) -> dict[str, Any]:
     """What the server needs to serve and record `model`: never its API key or local paths."""
     exclude = _LOCAL_FIELDS | (_SERVED_FIELDS if model.trainable else set())
     fields = model.model_dump(mode="json", exclude=exclude)
-    internal = getattr(model, "_internal_config", None)
+    internal = model.internal_config if isinstance(model, TrainableModel) else None
     return {"trainable": model.trainable, "fields": fields, "internal_config": internal}
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.config import art_lora_fields
 from ..core.ignored import report_ignored
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ VLLM_FLAGS: dict[str, tuple[str, bool]] = {
     "quantization": ("--quantization", True),
     "dtype": ("--dtype", True),  # on the CPU artnb serves fp32 (bf16 is far slower there)
 }
-_LORA_KEYS = {"r": "r", "rank": "r", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout"}
-_LORA_KEYS |= {"dropout": "dropout", "target_modules": "target_modules"}
 # engine_args that are also GPUPreset fields (the preset's values are vLLM's flags too)
 _PRESET_FIELDS = {"gpu_memory_utilization": float, "enforce_eager": bool}
 
@@ -143,13 +142,7 @@ def _engine_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) 
 
 
 def _lora(section: str, args: Mapping[str, Any], out: InternalSettings) -> None:
-    for key, value in args.items():
-        if key in _LORA_KEYS:
-            out.lora[_LORA_KEYS[key]] = value
-        else:
-            report_ignored(
-                f"_internal_config.{section}.{key}", "artnb's LoRA has rank, alpha, dropout and targets"
-            )
+    out.lora.update(art_lora_fields(section, args))
 
 
 def _trainer_args(args: Mapping[str, Any], out: InternalSettings) -> None:

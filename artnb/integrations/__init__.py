@@ -1,12 +1,11 @@
 """Where artnb tells observability tools about a run: W&B and Trackio runs, Langfuse traces.
 
-Two calls, made by the core and the backends, are the whole seam:
-- `report(model, row, groups, config)` after each history row is recorded (a train step's row, `model.log` rows
-  and the metrics merged into a trained step), with the groups behind it and, for a training step, its config;
-- `instrument(model, client)` on each OpenAI client `model.openai_client()` makes, so a tracer can see every
-  chat completion.
-Each integration is a `Reporter`, chosen once per model by its `reporter_for(model)` (None when it is not asked
-for: no import, no network). A reporter that fails warns once and is never allowed to stop training.
+Each integration is a `Reporter` (core/reporting.py), chosen once per model by its `reporter_for(model)` (None
+when it is not asked for: no import, no network). Importing this package registers them with core's registry
+(`import artnb` does), and the model reports to them itself through `model.reporting`: each history row it
+records and each OpenAI client it makes; the backends close them and the widgets link to them there too. The
+helpers below are what the reporters share. A reporter that fails warns once and is never allowed to stop
+training.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ import importlib
 import math
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
-from ..core.ignored import warn_user
+from ..core import reporting
+from ..core.reporting import Reporter
 
 if TYPE_CHECKING:
     from ..core.model import Model
@@ -31,24 +29,23 @@ FACTORIES = (
     "artnb.integrations.trackio_run:reporter_for",
     "artnb.integrations.langfuse_traces:reporter_for",
 )
-METRIC_REPORTERS = ("wandb", "trackio")  # what `report_metrics=[...]` may name
 
 
-class Reporter(Protocol):
-    name: str  # e.g. "W&B", in messages
-    url: str | None  # where a person sees what it recorded (the W&B run, the Langfuse project), once known
+def _imported_on_use(spec: str) -> reporting.ReporterFactory:
+    """The factory `spec` names, its module imported only when a model first asks for reporters."""
 
-    def log_row(
-        self, model: Model, row: dict[str, Any], groups: Sequence[TrajectoryGroup], config: BaseModel | None
-    ) -> None:
-        """A history row was recorded (`row["split"]`, `row["step"]`, metrics), with its groups (maybe none) and,
-        for a training step, the TrainConfig or TrainSFTConfig it ran with."""
+    def factory(model: Model) -> Reporter | None:
+        module, function = spec.split(":")
+        return getattr(importlib.import_module(module), function)(model)
 
-    def instrument(self, model: Model, client: Any) -> None:
-        """`client` (an AsyncOpenAI) was made for `model`: hook its requests if this reporter traces them."""
+    return factory
 
-    def close(self) -> None: ...
 
+WANDB, TRACKIO, LANGFUSE = FACTORIES
+reporting.register(WANDB, _imported_on_use(WANDB), metric_name="wandb")
+reporting.register(TRACKIO, _imported_on_use(TRACKIO), metric_name="trackio")
+reporting.register(LANGFUSE, _imported_on_use(LANGFUSE), chosen_by="Langfuse, by its keys")
+METRIC_REPORTERS = reporting.metric_names()  # what `report_metrics=[...]` may name: "wandb", "trackio"
 
 _NOT_METRICS = {"step", "split", "recorded_at", "commit"}
 
@@ -71,80 +68,6 @@ def sample_trajectories(
     if len(items) > limit:
         items = sorted(random.Random(step).sample(items, limit), key=lambda x: (x[0], x[1]))
     return items
-
-
-def reporters(model: Model) -> list[Reporter]:
-    """The model's reporters, chosen on first use and kept on the model."""
-    found = getattr(model, "_reporters", None)
-    if found is None:
-        found = []
-        for spec in FACTORIES:
-            module, function = spec.split(":")
-            try:
-                reporter = getattr(importlib.import_module(module), function)(model)
-            except Exception as error:  # a broken integration must not stop training
-                _warn_once(model, spec, f"could not start ({type(error).__name__}: {error})")
-                continue
-            if reporter is not None:
-                found.append(reporter)
-        model._reporters = found
-    return found
-
-
-def report(
-    model: Model,
-    row: dict[str, Any],
-    groups: Sequence[TrajectoryGroup] = (),
-    config: BaseModel | None = None,
-) -> None:
-    """Give a recorded history row to every reporter of `model`; failures warn once per reporter."""
-    for reporter in reporters(model):
-        try:
-            reporter.log_row(model, row, groups, config)
-        except Exception as error:
-            _warn_once(
-                model,
-                reporter.name,
-                f"failed to record step {row.get('step')} ({type(error).__name__}: {error})",
-            )
-
-
-def instrument(model: Model, client: Any) -> Any:
-    """Let every reporter of `model` hook `client`; returns the client."""
-    for reporter in reporters(model):
-        try:
-            reporter.instrument(model, client)
-        except Exception as error:
-            _warn_once(model, reporter.name, f"could not trace requests ({type(error).__name__}: {error})")
-    return client
-
-
-def links(model: Model) -> list[tuple[str, str]]:
-    """(name, url) of each reporter of `model` that has a page to show (the TrainingPanel links to them)."""
-    if getattr(model, "_reporters", None) is None:
-        return []
-    return [(r.name, r.url) for r in model._reporters if getattr(r, "url", None)]
-
-
-def close(model: Model) -> None:
-    """Finish the model's reporters (a backend's close() does it); the next report starts them again."""
-    found, model._reporters = getattr(model, "_reporters", None) or [], None
-    for reporter in found:
-        try:
-            reporter.close()
-        except Exception as error:
-            _warn_once(model, reporter.name, f"did not close cleanly ({type(error).__name__}: {error})")
-
-
-_warned: set[tuple[int, str]] = set()
-
-
-def _warn_once(model: Model, who: str, what: str) -> None:
-    key = (id(model), who)
-    if key in _warned:
-        return
-    _warned.add(key)
-    warn_user(f"artnb: {who} {what}; training goes on without it (this warning is shown once)")
 
 
 def __getattr__(name: str) -> Any:

@@ -78,10 +78,7 @@ def reporter_for(model: Model) -> LangfuseReporter | None:
         if not (public and secret):
             return None
         settings = {"public_key": public, "secret_key": secret, "host": _env_host()}
-    reporter = LangfuseReporter(**settings)
-    if model._openai_client is not None:  # made before Langfuse was asked for (or before a close)
-        reporter.instrument(model, model._openai_client)
-    return reporter
+    return LangfuseReporter(**settings)  # a client the model made before is given to it as it starts
 
 
 def _env_host() -> str:

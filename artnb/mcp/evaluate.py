@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..autorl import Evaluation, Policy, judge_side_by_side
-from ..core.local_judge import LocalJudge
+from ..core.contracts import InProcessJudge
 from ..core.model import Model, TrainableModel
 from ..core.ruler import DEFAULT_RUBRIC
 from ..core.trajectory import Trajectory
@@ -21,7 +21,7 @@ Server = tuple[str, Sequence[str]] | Callable[[], tuple[str, Sequence[str]]]
 async def evaluate(
     model: TrainableModel,
     scenarios: Sequence[GeneratedScenario],
-    judge: str | Model | LocalJudge,
+    judge: str | Model | InProcessJudge,
     server: Server,
     *,
     policies: Mapping[str, Policy] | None = None,

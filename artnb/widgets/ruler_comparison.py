@@ -24,13 +24,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..core.compare import RewardComparison, compare_rewards
-from ..core.local_judge import LocalJudge
+from ..core.contracts import InProcessJudge
 from ..core.model import Model
 from ..core.trajectory import TrajectoryGroup
 from .background import Background
 from .render import STYLE, table_html
 
-Judge = str | Model | LocalJudge
+Judge = str | Model | InProcessJudge
 GroupScorer = Callable[..., Awaitable[TrajectoryGroup | None]]
 
 
@@ -279,7 +279,7 @@ def _judge_key(judge: Judge) -> str:
         return f"{judge.name} (art.Model)"
     if isinstance(judge, str):
         return judge
-    if isinstance(judge, LocalJudge):
+    if isinstance(judge, InProcessJudge):
         return f"{judge.label}, offline"
     raise TypeError(
         f"a judge is a litellm model string, an art.Model or an art.LocalJudge, got {type(judge).__name__}"

@@ -16,7 +16,6 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import integrations
 from ..core import metric_names as names
 from ..core.config import TrainConfig
 from ..core.loop import LoopEvent, Rollout, Scenarios, Scorer, TrainingLoop
@@ -234,7 +233,7 @@ class TrainingPanel(widgets.VBox):
             parts.append(f"{pending} groups gathered, not trained{scored}")
         if self.note:
             parts.append(f"<i>{self.note}</i>")
-        for name, url in integrations.links(self.model):  # the W&B run, the Langfuse traces
+        for name, url in self.model.reporting.links():  # the W&B run, the Langfuse traces
             parts.append(f'<a href="{html.escape(url, quote=True)}" target="_blank">{html.escape(name)}</a>')
         self.status.value = " · ".join(parts)
 

@@ -20,8 +20,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import artnb as art
 from artnb import models
-from artnb.backends.engines.process import HFEngine
-from artnb.backends.engines.vllm_engine import VLLMEngine, vllm_import_error
+from artnb.backends.engines.hf.client import HFEngine
+from artnb.backends.engines.vllm.client import VLLMEngine, vllm_import_error
 
 if (problem := vllm_import_error()) is not None:
     pytest.skip(f"the vLLM engine needs vLLM: {problem}", allow_module_level=True)

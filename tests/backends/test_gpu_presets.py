@@ -18,6 +18,7 @@ from artnb.backends.gpu_presets import (
     choose_preset,
     peft_needs_checkpointing,
 )
+from artnb.backends.model_setup import model_settings
 from artnb.dev.settings import resolve_internal_config
 
 GIB = 2**30
@@ -210,7 +211,7 @@ def test_internal_config_overrides_the_preset_on_cuda():
 async def test_vllm_gets_the_preset_then_internal_config_then_engine_options(tmp_path):
     """The last of a flag wins on vLLM's command line: `_internal_config` overrides the preset, and the backend's
     engine_options override both. Built for CUDA here (the engine is made, not started)."""
-    from artnb.backends.engines.vllm_engine import vllm_import_error
+    from artnb.backends.engines.vllm.client import vllm_import_error
 
     if (problem := vllm_import_error()) is not None:
         pytest.skip(f"needs vLLM to build its command line: {problem}")
@@ -223,7 +224,7 @@ async def test_vllm_gets_the_preset_then_internal_config_then_engine_options(tmp
         **settings.gpu_overrides
     )
     backend = art.LocalBackend(path=tmp_path, engine_options={"extra_args": ["--max-model-len", "1024"]})
-    engine = backend._make_engine("vllm", base, model, RunStore(tmp_path, "p", "m"), settings)
+    engine = backend.launcher.make("vllm", base, model, RunStore(tmp_path, "p", "m"), settings)
     command = engine.command(on_cuda=True)
 
     def last(flag: str) -> str:
@@ -242,7 +243,7 @@ async def test_a_preset_given_on_a_cpu_is_reported_and_unused(tmp_path):
     with pytest.warns(
         UserWarning, match=r"gpu_preset=...\) has no effect here: this machine has no CUDA GPU"
     ):
-        settings = backend._internal_settings(model, models.tiny())
+        settings = model_settings(model, models.tiny(), backend.gpu_preset, on_cuda=False)
     assert settings.gpu_preset is None
     with pytest.raises(TypeError, match="gpu_preset='T4'"):
         art.LocalBackend(path=tmp_path, gpu_preset="T4")

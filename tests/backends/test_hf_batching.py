@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from artnb import models
-from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
-from artnb.backends.engines.hf_sampling import counter_uniform, draw, row_key, top_p_filter, unit_interval
+from artnb.backends.engines.hf.batching import ChoiceTrie, Row, Scheduler, decode_batch
+from artnb.backends.engines.hf.sampling import counter_uniform, draw, row_key, top_p_filter, unit_interval
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ async def test_rows_join_a_running_batch_until_another_models_row_waits():
 
 def test_a_masked_token_is_never_sampled_by_a_seeded_row():
     """Thousands of seeded draws over a full vocabulary where two tokens are allowed (a choice constraint)."""
-    from artnb.backends.engines.hf_sampling import Settings, sample
+    from artnb.backends.engines.hf.sampling import Settings, sample
 
     vocab, n = 49_152, 400
     logits = torch.randn(n, vocab) * 5

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import artnb
 from artnb import models
-from artnb.backends.engines.hf_protocol import parse_tool_calls
-from artnb.backends.engines.process import HFEngine
+from artnb.backends.engines.hf.client import HFEngine
+from artnb.backends.engines.hf.protocol import parse_tool_calls
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 EOS = 2  # <|im_end|>
@@ -426,7 +426,7 @@ async def test_killed_engine_is_not_alive(tiny, tmp_path):
 def test_server_exits_when_its_parent_dies(tiny, tmp_path):
     """A kernel killed with SIGKILL runs no atexit hooks: the server must notice on its own."""
     launcher = (
-        "import sys; from artnb.backends.engines.process import HFEngine; import asyncio\n"
+        "import sys; from artnb.backends.engines.hf.client import HFEngine; import asyncio\n"
         f"e = HFEngine({tiny!r}, 'base', {str(tmp_path)!r}, device='cpu')\n"
         "asyncio.run(e.start())\nprint(e.pid, flush=True)\nimport time; time.sleep(600)\n"
     )

@@ -15,7 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from artnb import models
-from artnb.backends.engines.process import AUTO_OMP_ENV, HFEngine, omp_environment
+from artnb.backends.engines.hf.client import AUTO_OMP_ENV, HFEngine, omp_environment
 
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 TOP = 20  # first-token logprobs compared: the 20 most likely tokens'

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from artnb.backends.engines.hf_streaming import TOOL_CALL_START, held_back
+from artnb.backends.engines.hf.streaming import TOOL_CALL_START, held_back
 
 
 def test_text_is_sent_up_to_a_possible_stop_string():

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 import artnb as art
-from artnb.backends.engines.process import HFEngine
-from artnb.backends.engines.vllm_engine import VLLMEngine, vllm_import_error
+from artnb.backends.engines.hf.client import HFEngine
+from artnb.backends.engines.vllm.client import VLLMEngine, vllm_import_error
 from artnb.models import tiny
 
 if (problem := vllm_import_error()) is not None:

@@ -52,7 +52,7 @@ def watch_held_during_train(backend, model, held: list[bool]) -> None:
 @pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.slow)])
 def engine_kind(request):
     if request.param == "vllm":
-        from artnb.backends.engines.vllm_engine import vllm_import_error
+        from artnb.backends.engines.vllm.client import vllm_import_error
 
         if (problem := vllm_import_error()) is not None:
             pytest.skip(f"needs vLLM: {problem}")

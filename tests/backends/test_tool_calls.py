@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from artnb import models
-from artnb.backends.engines.hf_grammar import GrammarCompiler, JsonConstraint
+from artnb.backends.engines.hf.grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.tool_calls import call_schema, forced_grammar, read_tool_choice
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

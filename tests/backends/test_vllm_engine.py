@@ -24,7 +24,7 @@ import websockets
 
 import artnb
 from artnb import models
-from artnb.backends.engines.vllm_engine import CPU_HEAD_SIZES, VLLMEngine, vllm_import_error
+from artnb.backends.engines.vllm.client import CPU_HEAD_SIZES, VLLMEngine, vllm_import_error
 
 if (problem := vllm_import_error()) is not None:
     pytest.skip(f"the vLLM engine needs vLLM: {problem}", allow_module_level=True)
@@ -363,7 +363,7 @@ def test_server_group_exits_when_its_parent_dies(model_path, tmp_path):
     """A kernel killed with SIGKILL runs no atexit hooks: the launcher must stop vLLM and its EngineCore."""
     launcher = (
         "import asyncio, threading, time\n"
-        "from artnb.backends.engines.vllm_engine import VLLMEngine\n"
+        "from artnb.backends.engines.vllm.client import VLLMEngine\n"
         f"e = VLLMEngine({model_path!r}, 'base', {str(tmp_path)!r})\n"
         "threading.Thread(target=asyncio.run, args=(e.start(),), daemon=True).start()\n"
         "while e.pid is None: time.sleep(0.05)\n"

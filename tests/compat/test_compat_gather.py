@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import artnb as art
-from artnb.core import gather, ignored
+from artnb.core import ignored, progress
 
 
 async def rollout(i: int) -> art.Trajectory:
@@ -19,7 +19,7 @@ async def rollout(i: int) -> art.Trajectory:
 
 async def test_max_metrics_limits_the_bar_to_the_reward_first(monkeypatch):
     shown: list[dict[str, str]] = []
-    original = gather._Progress.__init__
+    original = progress.RolloutProgress.__init__
 
     def spy(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -31,7 +31,7 @@ async def test_max_metrics_limits_the_bar_to_the_reward_first(monkeypatch):
 
         self.bar.set_postfix = record
 
-    monkeypatch.setattr(gather._Progress, "__init__", spy)
+    monkeypatch.setattr(progress.RolloutProgress, "__init__", spy)
     groups = await art.gather_trajectory_groups(
         (art.TrajectoryGroup(rollout(i) for i in range(4)) for _ in range(2)),
         pbar_desc="gather",

@@ -199,7 +199,7 @@ def test_an_anthropic_request_and_message_become_chat():
 
 @pytest.fixture(scope="module")
 async def vllm(tmp_path_factory):
-    from artnb.backends.engines.vllm_engine import VLLMEngine, vllm_import_error
+    from artnb.backends.engines.vllm.client import VLLMEngine, vllm_import_error
 
     if (problem := vllm_import_error()) is not None:
         pytest.skip(f"needs vLLM: {problem}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import artnb as art
 from artnb import models
-from artnb.backends.engines.process import HFEngine
-from artnb.backends.engines.vllm_engine import VLLMEngine
+from artnb.backends.engines.hf.client import HFEngine
+from artnb.backends.engines.vllm.client import VLLMEngine
 from artnb.backends.trainers.peft_trainer import PeftTrainer
 from artnb.core.contracts import Backend, Engine, Trainer
 

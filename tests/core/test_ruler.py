@@ -270,7 +270,7 @@ def test_importing_artnb_keeps_litellm_offline():
 async def test_embedded_model_judges_a_real_group_on_the_hf_engine(tmp_path):
     """The offline default: the 135M base model on our HF engine, held to the schema while it decodes."""
     from artnb import models
-    from artnb.backends.engines.process import HFEngine
+    from artnb.backends.engines.hf.client import HFEngine
 
     async with HFEngine(models.embedded_model_path(), "base", tmp_path / "logs", device="cpu") as engine:
         judge_model = art.Model(

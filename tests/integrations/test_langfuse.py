@@ -22,7 +22,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tiny_loop import gather, pick
 
 import artnb as art
-from artnb import integrations
 from artnb.integrations import langfuse_traces
 from artnb.models import tiny
 from artnb.widgets import TrainingPanel
@@ -160,7 +159,7 @@ async def test_a_training_loop_sends_traces_generations_and_scores(langfuse, ser
     await model.log(groups, split="train", metrics=result.metrics, step=result.step)  # merged: no new traces
     val = await gather(model, 1)
     await model.log(val, split="val")
-    assert integrations.links(model) == [("Langfuse", f"{langfuse.url}/project/{PROJECT_ID}/traces")]
+    assert model.reporting.links() == [("Langfuse", f"{langfuse.url}/project/{PROJECT_ID}/traces")]
     panel = TrainingPanel(
         model, lambda m, seed: pick(m.openai_client(), m, seed), scenarios=[0], group_size=2
     )
@@ -169,7 +168,7 @@ async def test_a_training_loop_sends_traces_generations_and_scores(langfuse, ser
         in panel.status.value
     )
     await panel.wait()
-    await asyncio.to_thread(integrations.close, model)  # as backend.close() does: the SDK sends what it holds
+    await asyncio.to_thread(model.reporting.close)  # as backend.close() does: the SDK sends what it holds
     deadline = time.monotonic() + 15
     while (len(langfuse.roots()) < 32 or len(langfuse.scores) < 32) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -249,9 +248,9 @@ async def test_a_langfuse_host_that_is_down_or_silent_costs_a_step_at_most_one_w
         result = await backend.train(model, groups, learning_rate=1e-2)
         await model.log(await gather(model, 1), split="val")
         took = time.monotonic() - started
-        assert integrations.links(model) == []
+        assert model.reporting.links() == []
         started = time.monotonic()
-        await asyncio.to_thread(integrations.close, model)
+        await asyncio.to_thread(model.reporting.close)
         closing = time.monotonic() - started
     assert result.step == step + 1 and took < 30
     assert closing < langfuse_traces.CLOSE_TIMEOUT_S + 1
@@ -266,10 +265,9 @@ def test_without_keys_langfuse_is_never_imported():
         "import os, sys\n"
         "for k in ('LANGFUSE_PUBLIC_KEY', 'LANGFUSE_SECRET_KEY'): os.environ.pop(k, None)\n"
         "import artnb as art\n"
-        "from artnb import integrations\n"
         "model = art.Model(name='m', inference_base_url='http://127.0.0.1:9/v1')\n"
         "model.openai_client()\n"
-        "assert not any(r.name == 'Langfuse' for r in integrations.reporters(model))\n"
+        "assert not any(r.name == 'Langfuse' for r in model.reporting.reporters())\n"
         "assert 'langfuse' not in sys.modules, 'langfuse was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -141,7 +141,7 @@ def in_a_fresh_process(code: str, tmp_path: Path, **env: str) -> str:
 
 def test_without_wandb_asked_for_it_is_not_imported(tmp_path):
     code = (
-        "from artnb import integrations; assert integrations.reporters(m) == [], integrations.reporters(m); "
+        "assert m.reporting.reporters() == [], m.reporting.reporters(); "
         "print('wandb imported' if 'wandb' in sys.modules else 'ok')"
     )
     assert in_a_fresh_process(code, tmp_path) == "ok"

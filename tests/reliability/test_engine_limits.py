@@ -26,9 +26,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from artnb import models
 from artnb.backends.engines.guard import RequestGuard
-from artnb.backends.engines.hf_engine import HFServer, create_app
-from artnb.backends.engines.hf_protocol import ChatRequest
-from artnb.backends.engines.process import HFEngine
+from artnb.backends.engines.hf.client import HFEngine
+from artnb.backends.engines.hf.protocol import ChatRequest
+from artnb.backends.engines.hf.server import HFServer, create_app
 
 LIMIT = 8 * 2**20  # the engine's max_request_bytes: above the 4 MB prompt, below what the tests send
 HELLO = [{"role": "user", "content": "Say hello."}]

@@ -22,8 +22,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from artnb import models
-from artnb.backends.engines.hf_engine import HFServer, create_app
-from artnb.backends.engines.process import HFEngine
+from artnb.backends.engines.hf.client import HFEngine
+from artnb.backends.engines.hf.server import HFServer, create_app
 
 EXAMPLES = 8  # per route, each sent four times (no key, two wrong ones, the key)
 BOUND_S = 60  # no answer may take longer; generation is bounded by max_tokens and the tiny model's context

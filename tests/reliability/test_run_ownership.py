@@ -46,7 +46,7 @@ def engine_children() -> set[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         state = stat.rsplit(")", 1)[1].split()[0]
-        if ppid == os.getpid() and state != "Z" and b"hf_engine" in cmdline:
+        if ppid == os.getpid() and state != "Z" and b"engines.hf.server" in cmdline:
             found.add(int(proc.name))
     return found
 

@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 import artnb as art
 from artnb import models
-from artnb.backends.engines.process import HFEngine
+from artnb.backends.engines.hf.client import HFEngine
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ and parse a 48 MB body. Here:
   length) is counted as it arrives and answered 413 once it passes the limit;
 - both refusals close the connection, since the unread body would otherwise be parsed as the next request.
 
-`RequestGuard` wraps the HF engine's whole app; vLLM's `ServerMiddleware` (vllm_engine.py) calls `refusal`
+`RequestGuard` wraps the HF engine's whole app; vLLM's `ServerMiddleware` (vllm/server.py) calls `refusal`
 and `BodyLimit` itself, since it also admits and rewrites requests. Only `/health` stays open (for readiness
 checks) and the server's own lifespan events (`open_to_all`): a CORS preflight (OPTIONS) needs the key like any
 request, and a websocket without it is closed before it is accepted (`refuse_websocket`).
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -31,16 +31,19 @@ T = TypeVar("T")
 DEFAULT_MAX_REQUEST_BYTES = 32 * 2**20  # a 2048-token chat is ~10 kB; 32 MiB leaves room for long contexts
 MAX_REQUEST_BYTES_ENV = "ARTNB_MAX_REQUEST_BYTES"  # how VLLMEngine hands the limit to ServerMiddleware
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
+# ASGI's types, as starlette spells them (this module does not import it)
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyTooLarge(Exception):
     """Raised by `BodyLimit.receive` once the body passed the limit; the 413 has already been sent."""
 
 
-def open_to_all(scope: dict[str, Any]) -> bool:
+def open_to_all(scope: Scope) -> bool:
     """What passes without the key: the server's own lifespan events and GET-style probes of `/health`."""
     return scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] == "/health")
 
@@ -52,7 +55,7 @@ async def refuse_websocket(receive: Receive, send: Send) -> None:
     await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
 
 
-def header(scope: dict[str, Any], name: bytes) -> bytes:
+def header(scope: Scope, name: bytes) -> bytes:
     """The first value of header `name` (lower case), or b''."""
     return next((v for k, v in scope["headers"] if k == name), b"")
 
@@ -67,7 +70,7 @@ def too_large_message(limit: int, size: int | None) -> str:
 
 
 def refusal(
-    scope: dict[str, Any], api_key: str | None, max_request_bytes: int, key_source: str
+    scope: Scope, api_key: str | None, max_request_bytes: int, key_source: str
 ) -> tuple[int, str] | None:
     """(401, why) for a missing or wrong key, (413, why) for a Content-Length over the limit, else None.
 
@@ -121,7 +124,7 @@ class BodyLimit:
         self.refused = False
         self.responding = False  # the app started its response
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> Message:
         if self.refused:
             raise BodyTooLarge
         message = await self._receive()
@@ -134,7 +137,7 @@ class BodyLimit:
                 raise BodyTooLarge
         return message
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         if not self.refused:
             self.responding = self.responding or message["type"] == "http.response.start"
             await self._send(message)
@@ -152,7 +155,7 @@ class RequestGuard:
         self.app, self.api_key, self.max_request_bytes = app, api_key, max_request_bytes
         self.key_source = key_source
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if open_to_all(scope):
             return await self.app(scope, receive, send)
         refused = refusal(scope, self.api_key, self.max_request_bytes, self.key_source)
@@ -162,10 +165,14 @@ class RequestGuard:
             return await send_error(send, *refused, close=True)
         limit = BodyLimit(receive, send, self.max_request_bytes)
         try:
-            await self.app(scope, limit.receive, limit.send)
+            await self.admitted(scope, limit.receive, limit.send)
         except Exception:
             if not limit.refused:  # after a 413 the app may fail any way it likes: the client has its answer
                 raise
+
+    async def admitted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Where a request that passed the guard goes: the app (vLLM's middleware routes it first)."""
+        await self.app(scope, receive, send)
 
 
 class ClientGone(Exception):

@@ -6,8 +6,8 @@ schema), and its named tool choice makes the model write bare JSON arguments, wh
 writes for that call in the next turn's prompt. So a forced call is decoded under one grammar on both engines:
 Hermes blocks, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (one, or one or more when
 `parallel_tool_calls` is not False), the arguments held to the tool's parameter schema. The HF engine compiles
-it with xgrammar (hf_grammar.py); the vLLM middleware passes it as `structured_outputs.grammar` with tool choice
-"auto", so vLLM's hermes parser turns the blocks into `tool_calls` (vllm_engine.py).
+it with xgrammar (hf/grammar.py); the vLLM middleware passes it as `structured_outputs.grammar` with tool choice
+"auto", so vLLM's hermes parser turns the blocks into `tool_calls` (vllm/server.py).
 """
 
 from __future__ import annotations

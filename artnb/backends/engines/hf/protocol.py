@@ -41,22 +41,22 @@ class ChatRequest(BaseModel):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     model: str
-    n: int = Field(1, ge=1, le=256)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(default=1, ge=1, le=256)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # read by tool_choice() below
     parallel_tool_calls: bool | None = None  # None or True: a forced call may be several calls
     logprobs: bool | None = None  # accepted; logprobs are always returned
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None  # refused unless empty (see sampling_refusals)
-    min_tokens: int = Field(0, ge=0)  # vLLM's extra parameter: no EOS before this many tokens
+    min_tokens: int = Field(default=0, ge=0)  # vLLM's extra parameter: no EOS before this many tokens
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None  # include_usage: a last chunk with the usage
     guided_choice: list[str] | None = None
@@ -78,20 +78,20 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    n: int = Field(1, ge=1, le=256)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for this endpoint
+    n: int = Field(default=1, ge=1, le=256)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for this endpoint
     stop: str | list[str] | None = None
     seed: int | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)  # the legacy API's top-k count
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # the legacy API's top-k count
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(default=0, ge=0)
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
 

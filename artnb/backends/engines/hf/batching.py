@@ -1,7 +1,7 @@
 """The HF engine's decoding loop and request scheduler.
 
 Why a hand-written loop instead of `model.generate`: every row of a batch needs its own temperature, top_p,
-max_tokens, stop strings, seed and output constraint (a choice trie or a JSON grammar, see hf_grammar.py),
+max_tokens, stop strings, seed and output constraint (a choice trie or a JSON grammar, see hf/grammar.py),
 and the engine must report the raw log-probability of every sampled token. Design choices:
 
 - Left-padded batch, `position_ids` from the attention mask, a `DynamicCache`, and a prefill that keeps only
@@ -11,7 +11,7 @@ and the engine must report the raw log-probability of every sampled token. Desig
   long straggler nor an agent's next turn waits for a whole batch to drain. A request is answered as soon as
   its own rows end. Rows whose client went away (`Row.cancelled`, set from the event loop and read by the
   decoding thread at each step) leave with finish_reason "abort"; their queued rows never run.
-- Sampling is batched (hf_sampling.py): per-row settings as tensors, one host copy per step. Reported logprobs
+- Sampling is batched (hf/sampling.py): per-row settings as tensors, one host copy per step. Reported logprobs
   are the model's log-softmax at temperature 1, before the choice or grammar mask, temperature or top_p: that
   is what the trainer recomputes, and what vLLM reports by default. A seeded row's tokens depend only on its
   seed and its own logits, whatever else runs beside it or whenever it joined.
@@ -35,14 +35,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from artnb.backends.engines.hf_grammar import JsonConstraint, mask_logits
-from artnb.backends.engines.hf_sampling import Sampled, Settings, sample
+from artnb.backends.engines.hf.grammar import JsonConstraint, mask_logits
+from artnb.backends.engines.hf.sampling import Sampled, Settings, sample
 
 _END = -1  # trie key marking "a complete choice ends here"
 
@@ -80,7 +80,7 @@ class Row:
     min_tokens: int = 0  # EOS is masked until this many tokens were sampled (benchmarks, vLLM's min_tokens)
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token already sampled in this row
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per earlier occurrence of the token
-    on_token: Callable[[], None] | None = (
+    on_token: Callable[[], object] | None = (
         None  # called on the decoding thread after each token and at the end
     )
     job: Any = None  # the scheduler's handle on the request this row belongs to
@@ -110,6 +110,17 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
+class _KVLayer(Protocol):
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def _kv_layers(cache: DynamicCache) -> list[_KVLayer]:
+    """The layers of a joinable cache (`_Batch.joinable`: plain DynamicLayers), their keys and values set by
+    the prefill; transformers types a layer as any kind, its keys as possibly None."""
+    return cast("list[_KVLayer]", cache.layers)
+
+
 class _Batch:
     """The rows decoding together: their KV cache, attention mask, next positions and last logits.
 
@@ -126,7 +137,9 @@ class _Batch:
         self.nodes: list[dict | None] = []  # each row's position in its choice trie
         self.tails: list[int] = []  # how many final tokens may hold a stop string
         self.cache: DynamicCache | None = None
-        self.mask = self.next_pos = self.logits = None  # [B, L], [B], [B, V]
+        self.mask: torch.Tensor | None = None  # [B, L]; these three are set with the cache
+        self.next_pos: torch.Tensor | None = None  # [B]
+        self.logits: torch.Tensor | None = None  # [B, V]
         self.settings: Settings | None = None
         self.generator = torch.Generator(device=self.device).manual_seed(secrets.randbits(63))
 
@@ -161,9 +174,10 @@ class _Batch:
         if self.cache is None:
             self.cache, self.mask, self.next_pos, self.logits = cache, mask, next_pos, logits
         else:
+            assert self.mask is not None and self.next_pos is not None and self.logits is not None
             old, new = self.mask.shape[1], mask.shape[1]
             total = max(old, new)
-            for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            for mine, theirs in zip(_kv_layers(self.cache), _kv_layers(cache), strict=True):
                 mine.keys = torch.cat(
                     [_left_pad(mine.keys, total - old, -2), _left_pad(theirs.keys, total - new, -2)]
                 )
@@ -176,6 +190,7 @@ class _Batch:
         self.settings = None
 
     def sample(self) -> Sampled:
+        assert self.logits is not None, "sample() needs rows in the batch"
         if self.settings is None:
             self.settings = Settings.of(self.rows, self.device)
         return sample(self.logits, self.rows, self.settings, self._masks(), self.generator)
@@ -203,6 +218,7 @@ class _Batch:
             self.rows, self.nodes, self.tails, self.settings = [], [], [], None
             self.cache = self.mask = self.next_pos = self.logits = None
             return
+        assert self.cache is not None and self.mask is not None and self.next_pos is not None
         if len(keep) < len(self.rows):
             index = torch.tensor(keep, device=self.device)
             tokens = tokens[index]
@@ -227,9 +243,10 @@ class _Batch:
 
     def _crop(self) -> None:
         """Drop the leading columns no remaining row attends to (left by rows that left)."""
+        assert self.cache is not None and self.mask is not None
         lead = int(self.mask.any(0).int().argmax())
         if lead > 0:
-            for layer in self.cache.layers:
+            for layer in _kv_layers(self.cache):
                 layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
             self.mask = self.mask[:, lead:]
 
@@ -285,8 +302,8 @@ def decode_batch(
                 row.token_ids.append(token)
                 row.logprobs.append(sampled.logprobs[j])
                 row.top.append(sampled.top[j])
-                if batch.nodes[j] is not None:
-                    batch.nodes[j] = batch.nodes[j].get(token, {})
+                if (node := batch.nodes[j]) is not None:
+                    batch.nodes[j] = node.get(token, {})
                 if row.grammar is not None:
                     row.grammar.accept(token)
                 if token in eos_ids or (row.stop and _hit_stop(row, decode, batch.tails[j])):

@@ -9,9 +9,9 @@ import torch
 
 import artnb as art
 from artnb import models
-from artnb.core.local_judge import _load, _next_token_logprobs
+from artnb.local_judge import _load, _next_token_logprobs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import judge_quality  # noqa: E402
 
 

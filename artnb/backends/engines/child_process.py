@@ -1,13 +1,16 @@
-"""Inference servers as child processes that never outlive the notebook.
+"""The client side both engines share: a server child process that never outlives the notebook.
+
+Why one module: HFEngine (hf/client.py) and VLLMEngine (vllm/client.py) differ in the command they launch and
+in their control calls, not in how a server is started, watched and stopped; that lifecycle lives here once.
 
 `EngineProcess` is the generic part: it starts a command in its own process group with its output in a log
 file, waits for `/health` with a progress message, and stops the whole group (terminate, then kill after a
 grace period). Three things keep a server from outliving its parent: `stop()` registered with atexit, the
-process group (so helper processes die too), and the server itself exiting when its parent does (the HF
-engine watches `os.getppid()`), which covers a kernel killed with SIGKILL, where atexit never runs.
+process group (so helper processes die too), and the server itself exiting when its parent does (both servers
+watch `os.getppid()`), which covers a kernel killed with SIGKILL, where atexit never runs.
 
-`ServerEngine` is what both engine clients share (port, API key, log, control calls); `HFEngine` runs
-`artnb.backends.engines.hf_engine` this way, `VLLMEngine` (vllm_engine.py) runs vLLM's server.
+`ServerEngine` is the base class of both engine clients (port, API key, log, alive, stop, control calls);
+each subclass builds its server's command line and launches it with `_launch()`.
 
 Control calls (load/unload adapters, stats, release) time out after `control_timeout_s` (60 s: they take
 milliseconds to seconds, so a minute means the engine is hung or stopped). `hold()` waits for the batch in
@@ -37,8 +40,6 @@ from tqdm.auto import tqdm
 
 import artnb
 from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES
-
-API_KEY_ENV = "ARTNB_ENGINE_API_KEY"  # how HFEngine hands the server its key
 
 
 class EngineProcess:
@@ -129,35 +130,38 @@ class EngineProcess:
     def stop(self, grace_s: float = 5) -> None:
         """Terminate the process group, kill it if still running after `grace_s`; safe to call twice."""
         atexit.unregister(self.stop)
-        if self._proc is None:
+        proc = self._proc
+        if proc is None:
             return
-        if self._proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
             try:
-                self._proc.wait(grace_s)
+                proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self._proc.wait()
-        self._signal_group(signal.SIGKILL)  # helpers the server started, if any outlived it
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)  # helpers the server started, if any outlived it
         deadline = time.monotonic() + 10  # a killed process takes a moment to go (longer on a loaded machine)
-        while self._group_exists() and time.monotonic() < deadline:
+        while _group_exists(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         if self._log:
             self._log.close()
             self._log = None
 
-    def _group_exists(self) -> bool:
-        try:
-            os.killpg(self._proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
 
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self._proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _group_exists(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def port_free(port: int) -> bool:
@@ -259,11 +263,12 @@ class ServerEngine:
             **extra,
         }
 
-    def _launch(self, command: list[str], env: dict[str, str]) -> None:
+    def _launch(self, command: list[str], env: dict[str, str]) -> EngineProcess:
         health = f"http://127.0.0.1:{self.port}/health"
         name = f"{self.kind} engine ({self.served_name})"
-        self._process = EngineProcess(command, self.log_path, health, name=name, env=env)
-        self._process.start()
+        self._process = process = EngineProcess(command, self.log_path, health, name=name, env=env)
+        process.start()
+        return process
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.stop_now)
@@ -321,7 +326,7 @@ class ServerEngine:
                 message = error.get("message", error) if isinstance(error, dict) else error
             except (ValueError, AttributeError):
                 message = response.text
-            if not self.alive():
+            if not self.alive() and self._process is not None:
                 message = f"{message}. The engine exited (code {self.returncode}); last log lines:\n" + (
                     self._process.log_tail()
                 )
@@ -339,135 +344,3 @@ class ServerEngine:
             with contextlib.suppress(Exception):
                 await self._call("POST", "/artnb/release", timeout_s=min(self.control_timeout_s, 10.0))
             raise
-
-
-OMP_ENV_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # GNU libgomp's, which torch's CPU wheel uses
-AUTO_OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-OMP_POLICIES: dict[str, dict[str, str]] = {
-    "auto": AUTO_OMP_ENV,
-    "active": {"OMP_WAIT_POLICY": "ACTIVE"},
-    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-}
-
-
-def omp_environment(policy: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The OpenMP variables HFEngine sets for its server under `omp_wait_policy=policy`.
-
-    "auto" sets nothing when `environ` (default: os.environ) already sets one of OMP_ENV_KEYS: the user's
-    explicit choice wins. "active" and "passive" always set theirs.
-    """
-    environ = os.environ if environ is None else environ
-    if policy == "auto" and any(key in environ for key in OMP_ENV_KEYS):
-        return {}
-    return dict(OMP_POLICIES[policy])
-
-
-class HFEngine(ServerEngine):
-    """The transformers inference server (`hf_engine.py`) in a child process, with its control API.
-
-    >>> engine = HFEngine(artnb.models.tiny(), "base", log_dir="logs")
-    >>> await engine.start()
-    >>> client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
-    >>> await engine.stop()
-
-    max_request_bytes: larger request bodies get 413 unread (32 MiB; a 2048-token chat is ~10 kB).
-    trust_request_chat_template: render a `chat_template` sent with a request; off, such requests get 400.
-    control_timeout_s, hold_timeout_s: how long control calls and hold() wait for an answer (module docstring).
-    merge_newest: serve each family's newest adapter (what plain `agent` resolves to, the one RL samples
-        from) with its weights merged into the base linear layers, so it decodes at the base model's speed
-        (unmerged LoRA made the engine ~30% slower on a CPU). None (default): on for CPU, off for CUDA, where
-        LoRA matmuls are cheap and the merged copy costs GPU memory. Costs: one extra copy of the adapted
-        layers' weights (all linear layers of SmolLM2-135M in fp32: ~425 MB) and one merge pass when a new
-        adapter loads; switching between merged and LoRA batches only swaps parameters (hf_merge.py).
-        Turn it off to save that memory (a small notebook server).
-    omp_wait_policy: how the server's OpenMP threads wait between parallel regions (see OMP_POLICIES).
-        "auto" (default): AUTO_OMP_ENV, chosen by benchmarks/omp_wait_policy.py, unless OMP_WAIT_POLICY or
-        GOMP_SPINCOUNT is set in this process's environment, which then wins; "active": spin (fastest on
-        an idle machine, very slow when other processes keep the cores busy); "passive": sleep at once.
-    """
-
-    kind = "HF"
-
-    def __init__(
-        self,
-        model_path: str | Path,
-        served_name: str,
-        log_dir: str | Path,
-        *,
-        device: str = "auto",
-        max_batch_size: int = 32,
-        max_loras: int = 4,
-        port: int | None = None,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        trust_request_chat_template: bool = False,
-        control_timeout_s: float = 60.0,
-        hold_timeout_s: float = 900.0,
-        merge_newest: bool | None = None,
-        omp_wait_policy: str = "auto",
-    ):
-        if omp_wait_policy not in OMP_POLICIES:
-            raise ValueError(
-                f"omp_wait_policy={omp_wait_policy!r}: pass one of {list(OMP_POLICIES)} "
-                f"(auto: measured choice; active: spin, for an idle machine; passive: sleep, for a busy one)"
-            )
-        super().__init__(
-            model_path,
-            served_name,
-            log_dir,
-            port,
-            max_request_bytes=max_request_bytes,
-            control_timeout_s=control_timeout_s,
-            hold_timeout_s=hold_timeout_s,
-        )
-        self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
-        self.trust_request_chat_template = trust_request_chat_template
-        self.merge_newest, self.omp_wait_policy = merge_newest, omp_wait_policy
-
-    async def start(self, timeout: float = 300) -> None:
-        """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
-        self._claim_port()
-        omp = omp_environment(self.omp_wait_policy)
-        # The key is not on the command line, where `ps` shows it.
-        env = self._server_env({API_KEY_ENV: self.api_key, **omp})
-        if omp:  # ours replaces the user's whole: libgomp lets GOMP_SPINCOUNT override OMP_WAIT_POLICY
-            for key in set(OMP_ENV_KEYS) - omp.keys():
-                env.pop(key, None)
-        merge = {None: [], True: ["--merge-newest"], False: ["--no-merge-newest"]}[self.merge_newest]
-        command = [
-            sys.executable, "-m", "artnb.backends.engines.hf_engine",
-            "--model", self.model_path,
-            "--served-name", self.served_name,
-            "--port", str(self.port),
-            "--device", self.device,
-            "--max-batch-size", str(self.max_batch_size),
-            "--max-loras", str(self.max_loras),
-            "--max-request-bytes", str(self.max_request_bytes),
-            *(["--trust-request-chat-template"] if self.trust_request_chat_template else []),
-            *merge,
-            "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
-        ]  # fmt: skip
-        self._launch(command, env)
-        await asyncio.to_thread(self._process.wait_ready, timeout)
-
-    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
-        """Load a PEFT adapter directory under `lora_name` (replacing one of that name)."""
-        await self._call(
-            "POST", "/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)}
-        )
-
-    async def unload_adapter(self, lora_name: str) -> None:
-        await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
-
-    async def hold(self) -> None:
-        """Pause scheduling: new requests wait (they do not fail); returns once in-flight batches finished.
-
-        Raises TimeoutError after hold_timeout_s, having released the engine (best effort)."""
-        await self._hold()
-
-    async def release(self) -> None:
-        await self._call("POST", "/artnb/release")
-
-    async def stats(self) -> dict[str, Any]:
-        """Counters: requests, rows, batches run, whether held, loaded adapters, and rows cut short because
-        their client disconnected (aborted_rows: left a running batch; dropped_rows: never ran)."""
-        return await self._call("GET", "/artnb/stats")

@@ -52,8 +52,9 @@ def mask_logits(logits: torch.Tensor, constraints: list[JsonConstraint | None]) 
     import xgrammar
 
     bitmask = xgrammar.allocate_token_bitmask(len(constraints), logits.shape[-1])
-    for j in rows:
-        constraints[j].matcher.fill_next_token_bitmask(bitmask, j)
+    for j, constraint in enumerate(constraints):
+        if constraint is not None:
+            constraint.matcher.fill_next_token_bitmask(bitmask, j)
     xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
 
 

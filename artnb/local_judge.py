@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..models import DEFAULT
-from .trajectory import Message, shared_prefix
+from .core.trajectory import Message, shared_prefix
+from .models import DEFAULT
 
 _DIGITS = [str(d) for d in range(10)]
 
@@ -182,7 +182,7 @@ def _load_once(base_model: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..models import resolve_base_model
+    from .models import resolve_base_model
 
     path = resolve_base_model(base_model)
     tokenizer = AutoTokenizer.from_pretrained(path)

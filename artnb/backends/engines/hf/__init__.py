@@ -1,0 +1,6 @@
+"""The HF engine, an OpenAI-compatible server over plain transformers, split by side.
+
+client.py runs in the notebook (`HFEngine`: start, stop, control calls); server.py and the rest run in the
+server's child process (batching.py: decoding loop and scheduler, sampling.py, streaming.py, grammar.py,
+protocol.py: the wire format).
+"""

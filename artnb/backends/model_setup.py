@@ -1,0 +1,94 @@
+"""What a registered model is set up with on this machine: its settings (the model's `_internal_config`, and on
+CUDA the card's GPU preset) and its trainer with the tokenizer it tokenises with.
+
+Kept apart from LocalBackend so that the order of precedence is written once: the GPU preset for the card and
+model, overridden by `_internal_config`, overridden by what the backend was given explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ..core.config import TrainerConfig
+from ..core.contracts import Trainer
+from ..core.ignored import warn_user
+from ..core.model import TrainableModel
+from ..dev.settings import InternalSettings, resolve_internal_config
+from .gpu_presets import GPUPreset
+
+
+def model_settings(
+    model: TrainableModel, base_path: str, gpu_preset: GPUPreset | Literal["auto"] | None, *, on_cuda: bool
+) -> InternalSettings:
+    """The model's `_internal_config` applied to its LoRA shape and, on CUDA, to the card's GPU preset
+    (`gpu_preset`: "auto" detects the card); the rest is used when the engine and trainer start."""
+    settings = resolve_internal_config(model.internal_config, on_cuda=on_cuda)
+    if settings.lora:
+        model.lora = model.lora.model_copy(update=settings.lora)
+    if on_cuda:
+        settings.gpu_preset = _card_preset(model, base_path, gpu_preset, settings)
+    elif isinstance(gpu_preset, GPUPreset):
+        warn_user("artnb: LocalBackend(gpu_preset=...) has no effect here: this machine has no CUDA GPU")
+    return settings
+
+
+def _card_preset(
+    model: TrainableModel,
+    base_path: str,
+    preset: GPUPreset | Literal["auto"] | None,
+    settings: InternalSettings,
+) -> GPUPreset | None:
+    if preset == "auto":
+        from .gpu_presets import preset_for
+
+        try:
+            preset = preset_for(base_path, lora_rank=model.lora.r)
+        except (ValueError, OSError) as error:
+            warn_user(
+                f"artnb: no GPU preset for {model.base_model} ({error}); vLLM and the trainer keep their own "
+                "defaults"
+            )
+            return None
+    if preset is None:
+        return None
+    preset = preset.override(**settings.gpu_overrides)
+    if not preset.fits:
+        warn_user(
+            f"artnb: {model.base_model} on this {preset.card}: {preset.note}. Expect out-of-memory errors; "
+            "use a smaller model or a larger GPU (or LocalBackend(gpu_preset=None) for vLLM's own defaults)"
+        )
+    return preset
+
+
+def placement_args(
+    requested: str, base_path: str, trainer_config: TrainerConfig, *, on_cuda: bool
+) -> list[str]:
+    """vLLM's tensor and data parallel sizes for the FSDP trainer's placement on this machine's GPUs
+    (placement.py); none for the other trainers or without CUDA. They go before the model's `_internal_config`
+    flags and the backend's `engine_options`, which override them."""
+    if requested != "fsdp" or not on_cuda:
+        return []
+    from .trainers.fsdp_trainer import local_placement
+
+    return local_placement(base_path, trainer_config).vllm_args()
+
+
+def trainer_and_tokenizer(
+    requested: str,
+    base_path: str,
+    model: TrainableModel,
+    trainer_config: TrainerConfig,
+    settings: InternalSettings,
+    log_dir: Path | None = None,
+) -> tuple[Trainer, PreTrainedTokenizerBase]:
+    """The trainer `requested` ("auto", "peft", "unsloth", "fsdp") for the model, with `_internal_config`'s
+    trainer options over `trainer_config`, and the base model's tokenizer. `log_dir`: where a trainer that runs
+    processes of its own (FSDP ranks) writes their logs: the run's logs folder."""
+    from .trainers.choice import make_trainer
+
+    config = trainer_config.model_copy(update=settings.trainer)
+    trainer = make_trainer(requested, base_path, model.lora, config, settings.gpu_preset, log_dir)
+    return trainer, AutoTokenizer.from_pretrained(base_path)

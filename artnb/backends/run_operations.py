@@ -1,0 +1,244 @@
+"""Operations on a run directory besides training: fork from another run's checkpoint, push to and pull from S3,
+delete old checkpoints; and `RunOperations`, which gives LocalBackend them under ART's names
+(`_experimental_fork_checkpoint`, `_experimental_push_to_s3`, `_experimental_pull_from_s3`, `delete_checkpoints`).
+
+Each one is the run's only writer while it works: on a registered model it waits for the model's running step
+(`ServedModel.step_lock`), on any other run it takes the run's lock (run_writers.as_writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+from ..core import metric_names as names
+from ..core.ignored import report_ignored, warn_user
+from ..core.model import Model, TrainableModel
+from ..core.store import RunStore, copy_checkpoint_files
+from . import s3
+from .served import ServedModel
+
+T = TypeVar("T")
+AsWriter = Callable[[RunStore, Callable[[], T]], Awaitable[T]]
+
+
+async def fork_checkpoint(
+    source: RunStore,
+    target: RunStore,
+    served: ServedModel | None,
+    as_writer: AsWriter,
+    *,
+    from_s3_bucket: str | None = None,
+    prefix: str | None = None,
+    not_after_step: int | None = None,
+    verbose: bool = False,
+) -> int:
+    """Copy `source`'s newest checkpoint not after `not_after_step` into `target` (a run that has not trained),
+    pulled from S3 first when `from_s3_bucket` is given; a registered target (`served`) trains and serves it at
+    once. Returns the step forked."""
+    if from_s3_bucket is not None:  # as ART: bring the source's checkpoint from the bucket first
+        bucket = s3.resolve_bucket(from_s3_bucket)
+        await as_writer(
+            source, lambda: s3.pull(source, bucket, prefix, not_after_step=not_after_step, verbose=verbose)
+        )
+    elif prefix is not None:
+        report_ignored("_experimental_fork_checkpoint(prefix=...)", "it is the S3 prefix of from_s3_bucket")
+    steps = [s for s in source.steps() if not_after_step is None or s <= not_after_step]
+    if not steps:
+        raise FileNotFoundError(
+            f"no checkpoint of {source.project}/{source.name} in {source.root}"
+            + (f" at or before step {not_after_step}" if not_after_step is not None else "")
+            + f"; its checkpoints: {source.steps()}"
+        )
+    forked = steps[-1]
+    if served is None:  # ART's docs fork before register(), which then resumes from the forked step
+        await as_writer(target, lambda: _copy_fork(source, forked, target))
+    else:
+        async with served.step_lock:
+            await asyncio.to_thread(_copy_fork, source, forked, served.store)
+            await served.load_checkpoint(forked)
+    if verbose:
+        print(f"forked {source.project}/{source.name} step {forked} into {target.project}/{target.name}")
+    return forked
+
+
+def _copy_fork(source: RunStore, step: int, target: RunStore) -> None:
+    """Copy `source`'s checkpoint `step` into `target`, a run that has not trained (at most its step 0)."""
+    if target.steps() not in ([], [0]):
+        raise ValueError(
+            f"{target.project}/{target.name} has trained already (checkpoints {target.steps()}); fork into a new "
+            "model name so the two runs' steps do not mix"
+        )
+    if step == 0 and target.steps() == [0]:
+        target.delete_checkpoint(0)
+    src = source.checkpoint_path(step)
+    target.write_checkpoint(step, lambda tmp: copy_checkpoint_files(src, tmp))
+
+
+async def push_to_s3(
+    store: RunStore,
+    served: ServedModel | None,
+    s3_bucket: str | None,
+    prefix: str | None,
+    *,
+    verbose: bool,
+    delete: bool,
+) -> s3.SyncReport:
+    """Upload the run's committed steps (see backends/s3.py). No step commits while it runs; a cancelled push
+    stops after the current file and removes what it uploaded of an unfinished step."""
+    bucket = s3.resolve_bucket(s3_bucket)
+    stop = threading.Event()
+    async with served.step_lock if served is not None else contextlib.nullcontext():
+        work = asyncio.ensure_future(
+            asyncio.to_thread(s3.push, store, bucket, prefix, delete=delete, verbose=verbose, stop=stop)
+        )
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            with contextlib.suppress(BaseException):
+                await work  # the upload in flight finishes and the unfinished step is removed
+            raise
+
+
+async def pull_from_s3(
+    store: RunStore,
+    as_writer: AsWriter,
+    s3_bucket: str | None,
+    prefix: str | None,
+    *,
+    step: int | None,
+    verbose: bool,
+    delete: bool,
+) -> s3.SyncReport:
+    """Download the run from S3 into `store` (every complete step, or only `step`), as its writer."""
+    bucket = s3.resolve_bucket(s3_bucket)
+    return await as_writer(
+        store, lambda: s3.pull(store, bucket, prefix, step=step, delete=delete, verbose=verbose)
+    )
+
+
+async def delete_checkpoints(served: ServedModel, best_checkpoint_metric: str) -> list[int]:
+    """Keep the latest checkpoint and the best by `best_checkpoint_metric` (its mean per step); delete the rest.
+    Returns the deleted steps."""
+    async with served.step_lock:
+        store = served.store
+        steps = store.steps()
+        if not steps:
+            return []
+        keep = {steps[-1]}
+        history = store.history()
+        if best_checkpoint_metric in history.columns:
+            rows = history[["step", best_checkpoint_metric]].dropna()
+            rows = rows[rows["step"].isin(steps)]
+            if len(rows):
+                means: Any = rows.groupby("step")[best_checkpoint_metric].agg(statistics.fmean)
+                keep.add(int(means.idxmax()))
+        else:
+            warn_user(
+                f"no {best_checkpoint_metric!r} in the history; keeping only the latest checkpoint. "
+                f"Log it with `await model.log(groups, split='val')` to keep the best one too."
+            )
+        deleted = [s for s in steps if s not in keep]
+        for s in deleted:
+            store.delete_checkpoint(s)
+        return deleted
+
+
+class RunOperations:
+    """ART's run operations, for a backend that keeps a ServedModel per registered model (LocalBackend)."""
+
+    path: Path
+
+    @overload
+    def served_model(self, model: Model, required: Literal[True]) -> ServedModel: ...
+    @overload
+    def served_model(self, model: Model, required: bool = False) -> ServedModel | None: ...
+    def served_model(self, model: Model, required: bool = False) -> ServedModel | None:
+        """The model's slot if it is registered here (else None, or an error when `required`)."""
+        raise NotImplementedError
+
+    async def as_writer(self, store: RunStore, work: Callable[[], T]) -> T:
+        """Run `work()` in a thread as the run's one writer."""
+        raise NotImplementedError
+
+    async def _experimental_fork_checkpoint(
+        self,
+        model: TrainableModel,
+        from_model: str,
+        from_project: str | None = None,
+        from_s3_bucket: str | None = None,
+        not_after_step: int | None = None,
+        verbose: bool = False,
+        prefix: str | None = None,
+    ) -> int:
+        """Start `model` from another run's checkpoint: the newest one of `from_model` (in `from_project`, default
+        the model's own) not after `not_after_step`. Returns the step forked; the model continues from it.
+
+        As in ART the checkpoint keeps its step number, so the fork's step counter continues the source's. Unlike
+        ART it refuses to fork into a run that has trained already (mixing two runs' steps), and the forked
+        checkpoint is loaded into the trainer and served at once. `from_s3_bucket`/`prefix`: pulled from S3 first.
+        """
+        return await fork_checkpoint(
+            RunStore(self.path, from_project or model.project, from_model),
+            RunStore(self.path, model.project, model.name),
+            self.served_model(model),
+            self.as_writer,
+            from_s3_bucket=from_s3_bucket,
+            prefix=prefix,
+            not_after_step=not_after_step,
+            verbose=verbose,
+        )
+
+    async def _experimental_push_to_s3(
+        self,
+        model: Model,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> s3.SyncReport:
+        """Upload the model's run directory to `s3://{bucket}/{prefix}/{project}/models/{name}/` (ART's layout):
+        committed steps only, each step's weights last (see backends/s3.py). `s3_bucket` defaults to
+        $BACKUP_BUCKET; `delete=True` removes objects the run directory no longer has. No step commits while
+        it runs; a cancelled push stops after the current file and removes what it uploaded of an unfinished step.
+        """
+        store = RunStore(self.path, model.project, model.name)
+        served = self.served_model(model)
+        return await push_to_s3(store, served, s3_bucket, prefix, verbose=verbose, delete=delete)
+
+    async def _experimental_pull_from_s3(
+        self,
+        model: Model,
+        step: int | None = None,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> s3.SyncReport:
+        """Download the model's run from S3 into this backend's path, before `model.register(backend)` (as in
+        ART's scripts): every complete step (or only `step`), history and trajectories. Each step arrives whole
+        (temp directory, then rename); steps whose weights never reached the bucket are ignored. A local step or
+        history that differs from the bucket's is an error unless `delete=True`, which makes the local run the
+        bucket's copy."""
+        if self.served_model(model) is not None:
+            raise RuntimeError(
+                f"{model.project}/{model.name} is registered and serving on this backend: pull before "
+                "`await model.register(backend)` (its trainer would not see the pulled steps), or "
+                "`await backend.close()` first"
+            )
+        store = RunStore(self.path, model.project, model.name)
+        return await pull_from_s3(
+            store, self.as_writer, s3_bucket, prefix, step=step, verbose=verbose, delete=delete
+        )
+
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str = names.BEST_CHECKPOINT_METRIC
+    ) -> list[int]:
+        """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest. Returns deleted steps."""
+        return await delete_checkpoints(self.served_model(model, required=True), best_checkpoint_metric)
