@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .core.trajectory import Message, shared_prefix
-from .models import DEFAULT
+from .models import DEFAULT, MODEL_BUILD_LOCK
 
 _DIGITS = [str(d) for d in range(10)]
 
@@ -188,7 +188,8 @@ def _load_once(base_model: str) -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.chat_template is None:
         raise ValueError(f"{base_model} has no chat template; LocalJudge needs an instruct (chat) model")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with MODEL_BUILD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return tokenizer, model
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,13 @@ _REFERENCE_IDS = [
 _REFERENCE_TEXT_IDS = [19556, 905]  # "Hello world": plain text gets no BOS
 _END, _START = "<|im_end|>", "<|im_start|>"
 _ADAPTER_CONFIG = "adapter_config.json"
+
+# transformers builds a model by patching torch.nn.Module for the whole process while it loads (parameters first
+# on the meta device). Two threads building models at once can leave that patch in place, and every model built
+# afterwards in the process comes out with empty (meta) weights (measured: two threads loading the tiny model 20
+# times each). Every model artnb builds in a process with other threads (trainers, the LocalJudge, these
+# helpers) is built under this lock.
+MODEL_BUILD_LOCK = threading.RLock()
 
 
 def cache_dir() -> Path:
@@ -178,9 +186,10 @@ def embedded_model_path() -> Path:
         with tqdm(total=3, desc="artnb: converting embedded SmolLM2-135M to fp32 (once)") as bar:
             tokenizer = _load_gguf_tokenizer(gguf)
             bar.update()
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
+            with MODEL_BUILD_LOCK:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+                )
             bar.update()
             # The GGUF loader marks the model quantized; the weights are dequantized fp32 already.
             model.hf_quantizer = None
@@ -229,7 +238,8 @@ def tiny(hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    with MODEL_BUILD_LOCK:
+        model = LlamaForCausalLM(config).to(torch.float32)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tiny-"))
     model.save_pretrained(tmp)
@@ -277,7 +287,7 @@ def random_model(config: Mapping[str, Any], *, seed: int = 0, dtype: str = "bflo
     )
     architecture = AutoConfig.for_model(config["model_type"], **values)
     torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    with MODEL_BUILD_LOCK, torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(architecture, dtype=getattr(torch, dtype))
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".random-"))

@@ -474,3 +474,22 @@ def test_advantage_balance_and_the_trajectory_count_learning_rate(tiny):
     assert_same(gradients[0], gradients[1])  # b = 1: negative advantages count for nothing
     assert metrics[0]["learning_rate"] == pytest.approx(1e-2 * 4**0.5)  # 4 trajectories, power 0.5
     assert metrics[1]["learning_rate"] == 1e-2
+
+
+def test_trainers_built_in_threads_at_once_are_whole(tiny):
+    """Trainers are built on their models' own threads, the LocalJudge on another: building models at once must
+    not leave any (or any later one) with empty meta-device weights (transformers patches torch process-wide
+    while it loads)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from artnb.local_judge import _load_once
+
+    def build(_: int) -> int:
+        trainer = PeftTrainer(tiny, LoRAConfig(r=2))
+        return sum(p.is_meta for p in trainer.model.parameters())
+
+    with ThreadPoolExecutor(3) as pool:
+        judge = pool.submit(_load_once, tiny)
+        assert list(pool.map(build, range(8))) == [0] * 8
+        assert not any(p.is_meta for p in judge.result()[1].parameters())
+    assert not any(p.is_meta for p in PeftTrainer(tiny, LoRAConfig(r=2)).model.parameters())

@@ -40,6 +40,7 @@ from ...core import grpo
 from ...core.config import LoRAConfig, TrainConfig, TrainerConfig
 from ...core.ignored import report_ignored
 from ...core.tokenize import TokenizedSequence
+from ...models import MODEL_BUILD_LOCK
 from ..cpu_threads import cpu_threads
 
 if TYPE_CHECKING:  # imported where used: `import artnb` loads neither
@@ -154,7 +155,8 @@ class PeftTrainer:
         if not use_cuda:
             torch.set_num_threads(cpu_threads())
         self.config = config
-        self.model = self._load_model(str(base_model_path), lora, config)
+        with MODEL_BUILD_LOCK:  # another thread building a model meanwhile could leave this one empty
+            self.model = self._load_model(str(base_model_path), lora, config)
         self.model.train()
         model = self._base_model()
         self._pad_id = _pad_token_id(model.config)
