@@ -188,7 +188,10 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         try:
             served = await self._serve(model, base_path, store, run_lock, thread)
         except BaseException:
-            thread.shutdown(wait=False)
+            # The trainer's build goes on in its thread whatever failed here: wait for it, so that no model is
+            # still being built when register returns (two builds at once can break a model built meanwhile in
+            # the user's own code: see models.MODEL_BUILD_LOCK).
+            await asyncio.to_thread(thread.shutdown, wait=True, cancel_futures=True)
             run_writers.disclaim(store, self.release_run, run_lock)
             raise
         self._served[key] = served
