@@ -210,10 +210,9 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         report = await asyncio.to_thread(store.recover)
         if report:
             warn_user(f"artnb: {store.dir} was left mid-step by a process that stopped: {'; '.join(report)}.")
-        settings = model_settings(model, base_path, self.gpu_preset, on_cuda=on_cuda())
-        settings.vllm_args[:0] = placement_args(
-            self.trainer, base_path, self.trainer_config, on_cuda=on_cuda()
-        )
+        cuda = on_cuda()
+        settings = model_settings(model, base_path, self.gpu_preset, on_cuda=cuda)
+        settings.vllm_args[:0] = placement_args(self.trainer, base_path, self.trainer_config, on_cuda=cuda)
         store.write_model_info(_model_info(model))
 
         async def start_engine(model: TrainableModel) -> Engine:
@@ -233,7 +232,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
 
         # On a CPU both load at once. On CUDA the engine goes first: vLLM sizes its memory share against what is
         # free, so the trainer's weights must not be loading meanwhile.
-        trainer_task = None if on_cuda() else make_trainer()
+        trainer_task = None if cuda else make_trainer()
         engine = None
         try:
             engine = await start_engine(model)

@@ -45,7 +45,6 @@ WANDB, TRACKIO, LANGFUSE = FACTORIES
 reporting.register(WANDB, _imported_on_use(WANDB), metric_name="wandb")
 reporting.register(TRACKIO, _imported_on_use(TRACKIO), metric_name="trackio")
 reporting.register(LANGFUSE, _imported_on_use(LANGFUSE), chosen_by="Langfuse, by its keys")
-METRIC_REPORTERS = reporting.metric_names()  # what `report_metrics=[...]` may name: "wandb", "trackio"
 
 _NOT_METRICS = {"step", "split", "recorded_at", "commit"}
 
