@@ -4,7 +4,9 @@ Workload: a random Llama (`artnb.models.tiny`, --hidden/--layers), LoRA r=8 on t
 --sequences sequences of --length tokens (the second half trainable), one GRPO `train()` call per step; the median
 of --steps steps after one warm-up step. The FSDP trainer's ranks are processes on this machine: gloo on the CPU,
 nccl with one GPU each where there are GPUs (--device). On a CPU the ranks share its cores, so 2 ranks show the
-cost of sharding and of the collectives, not a speed-up; the speed-up is for GPUs, one per rank.
+cost of sharding and of the collectives, not a speed-up; the speed-up is for GPUs, one per rank. The last
+column is each rank's peak resident host memory (VmHWM, Linux): rank 0 reads the weights, the others receive
+their shards, so only rank 0 ever holds the whole model.
 
     python benchmarks/distributed_scaling.py [--hidden 256] [--layers 4] [--sequences 16] [--length 128]
 """
@@ -51,6 +53,14 @@ def seconds_per_step(trainer, sequences: list[TokenizedSequence], steps: int) ->
     return statistics.median(times)
 
 
+def peak_host_mib(pid: int) -> float:
+    """The peak resident memory of process `pid` in MiB (Linux's VmHWM)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
@@ -65,17 +75,18 @@ def main() -> None:
     config = TrainerConfig(device=args.device)
 
     rows = [
-        ("PeftTrainer (1 process)", seconds_per_step(PeftTrainer(base, LORA, config), sequences, args.steps))
+        (
+            "PeftTrainer (1 process)",
+            seconds_per_step(PeftTrainer(base, LORA, config), sequences, args.steps),
+            "",
+        )
     ]
     for ranks in (1, 2):
         trainer = FsdpTrainer(base, LORA, config, ranks=ranks)
         try:
-            rows.append(
-                (
-                    f"FsdpTrainer, {ranks} rank{'s' if ranks > 1 else ''}",
-                    seconds_per_step(trainer, sequences, args.steps),
-                )
-            )
+            seconds = seconds_per_step(trainer, sequences, args.steps)
+            memory = " / ".join(f"{peak_host_mib(pid):.0f}" for pid in trainer.rank_pids())
+            rows.append((f"FsdpTrainer, {ranks} rank{'s' if ranks > 1 else ''}", seconds, memory))
         finally:
             trainer.close()
 
@@ -85,9 +96,9 @@ def main() -> None:
         f"median of {args.steps} steps"
     )
     # speed-up against 1 FSDP rank: its seconds per step over this row's (the issue's GPU target: >= 1.7x at 2)
-    print(f"{'trainer':<26} {'s/step':>8} {'speed-up vs 1 rank':>19}")
-    for name, seconds in rows:
-        print(f"{name:<26} {seconds:>8.3f} {one_rank / seconds:>18.2f}x")
+    print(f"{'trainer':<26} {'s/step':>8} {'speed-up vs 1 rank':>19}  host peak MiB per rank")
+    for name, seconds, memory in rows:
+        print(f"{name:<26} {seconds:>8.3f} {one_rank / seconds:>18.2f}x  {memory}")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,23 @@ written on this machine (`artnb.models.random_model`, no hub download) and SmolL
 49,152-token vocabulary instead of Qwen's 151,936. Each part runs in a process of its own (Unsloth must be
 imported before transformers, and each peak memory is its own), in this order (`--only` picks some):
 
-1. rollouts: the HF engine (its own process, alone on the card) through the OpenAI client against plain
+1. fsdp: the FSDP trainer's GPU path (FsdpTrainer: nccl, bf16, FSDP2) on a Qwen2.5-0.5B-shaped random model
+   against PeftTrainer, the single-process trainer, as the baseline: one GRPO step on the same batch (64 x 512
+   tokens, half trainable, micro-batch 4096) from the same checkpoint, at 1 rank and, with 2 GPUs, at 2 ranks.
+   Reported: the largest difference of any LoRA weight after the step, in units of the learning rate (an AdamW
+   step moves a weight by at most about the learning rate: |m^|/sqrt(v^) <= 1 on the step after the warm-up
+   step whose moments both sides load), the grad_norm's relative difference (AdamW hides a gradient's scale,
+   the norm does not), the update's relative L2 difference (information); seconds per step (median of 3 after
+   one warm-up step) and the speed against PeftTrainer and against 1 rank (target, issue 30: >= 1.7x at 2
+   ranks); checkpoints both ways (FsdpTrainer.save_checkpoint -> PeftTrainer.load_checkpoint and back) must
+   give the same tensors bit for bit; peak GPU memory per rank, device-wide and sampled (see `check_fsdp`).
+   About a minute on one GPU (two rank groups start); a failure or a hang (the part stops itself after
+   FSDP_BUDGET_S) is reported with the ranks' log tails and the other parts still run.
+2. rollouts: the HF engine (its own process, alone on the card) through the OpenAI client against plain
    `model.generate` on the same prompts, 16 and 64 parallel x 64 new tokens (EOS masked until then, so both do
    the same work), best of two, and transformers' own continuous batching (`generate_batch`) where this
    transformers runs it. Targets (issue 25): the engine >= 1.0x generate at 16, >= 2.0x at 64.
-2. unsloth, then peft: LocalBackend(trainer=...) with the card's GPU preset; register (engine start and trainer
+3. unsloth, then peft: LocalBackend(trainer=...) with the card's GPU preset; register (engine start and trainer
    load); 3 RL steps of 64 rollouts (2 groups of 32, up to 128 new tokens, rewarded by a hash of the text so
    that a group's rewards differ) and one GRPO step each; after each step the next request must be served by
    the new adapter (`check@N`: hot-load); then a new backend on the same run directory must be at step 3 and
@@ -34,8 +46,10 @@ plus the LM head forward and backward at each trained position. Recomputation by
 counted: these are the model's FLOPs, not the hardware's. Target: 35% with Unsloth at the realistic batch.
 
 --dry-run (no GPU needed): the same parts with a 2-layer Qwen2 model, the HF engine and PEFT, one step over 8
-rollouts, rollouts at 4 and 8 parallel x 8 tokens (without `generate_batch`), a realistic batch of 8 x 64; it also prints the presets the 1.5B model gets on every card and which trainer "auto" picks here and
-why. MFU and GPU memory are n/a there.
+rollouts, rollouts at 4 and 8 parallel x 8 tokens (without `generate_batch`), a realistic batch of 8 x 64, and
+the fsdp part with gloo ranks in fp32 on `artnb.models.tiny()` (8 x 64 tokens, 1 and 2 ranks sharing the CPU,
+so no speed-up is expected; about 20 s on 2 cores); it also prints the presets the 1.5B model gets on every card
+and which trainer "auto" picks here and why. MFU and GPU memory are n/a there.
 """
 
 from __future__ import annotations
@@ -60,6 +74,13 @@ from pathlib import Path
 SIZE = "1.5B"
 LEARNING_RATE = 1e-5
 NAME = "check"
+# The fsdp part (check_fsdp): its model, learning rate, tolerances and time limit.
+FSDP_SIZE = "0.5B"
+FSDP_LR = 1e-4
+FSDP_MAX_DIFF_IN_LR = 0.1  # max |LoRA(FsdpTrainer) - LoRA(PeftTrainer)| after the step, in learning rates
+FSDP_GRAD_NORM_RTOL = 1e-2  # |grad_norm(FsdpTrainer) / grad_norm(PeftTrainer) - 1|
+FSDP_SPEEDUP_TARGET = 1.7  # 2 ranks against 1 (issue 30), on 2 GPUs
+FSDP_BUDGET_S = 240  # the part stops itself after this (an nccl hang must not eat the other parts' time)
 
 
 @dataclass
@@ -86,6 +107,7 @@ class Result:
     resume: bool = False
     batch: dict = field(default_factory=dict)  # the realistic trainer batch (64 x 1024): s, tok/s, MFU, GiB
     rollout_rows: list[dict] = field(default_factory=list)  # --worker rollouts: engine against generate
+    fsdp: dict = field(default_factory=dict)  # --worker fsdp: the workload, a row per trainer, notes
 
     @property
     def mfu(self) -> float:
@@ -108,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="GRPO steps (3; dry run 1)")
     parser.add_argument("--rollouts", type=int, help="rollouts per step, in 2 groups (16; dry run 8)")
     parser.add_argument("--max-tokens", type=int, help="new tokens per rollout (128; dry run 8)")
-    parser.add_argument("--worker", choices=["peft", "unsloth", "rollouts"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["peft", "unsloth", "rollouts", "fsdp"], help=argparse.SUPPRESS)
     parser.add_argument("--part-s", type=int, default=1200, help="seconds each part may take on a GPU")
-    parser.add_argument("--only", help="comma-separated parts to run: rollouts,unsloth,peft (all by default)")
+    parser.add_argument(
+        "--only", help="comma-separated parts to run: fsdp,rollouts,unsloth,peft (all by default)"
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.steps = args.steps or (1 if args.dry_run else 3)
@@ -136,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print_presets()
     problem = unsloth_problem()
     print(choose_trainer("auto", on_cuda=on_cuda, unsloth_problem=problem)[1])
-    parts = ["rollouts"]
+    parts = ["fsdp", "rollouts"]  # fsdp first: short, and reported even if a later part overruns CHECK_S
     if on_cuda and not args.dry_run:
         if problem is None:
             parts.append("unsloth")
@@ -150,19 +174,25 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_worker(part, args))
         if part == "rollouts":
             print_rollouts(results[-1])
+        elif part == "fsdp":
+            print_fsdp(results[-1])
         elif len(parts) > 1:  # each part's rows as soon as it ends, in case a later one overruns
             print_table(results[-1:], dry_run=args.dry_run)
             print_batches(results[-1:])
     failed = bool(on_cuda and not args.dry_run and problem and "not installed" not in problem)
-    results = [r for r in results if r.trainer != "rollouts" or not r.ok]
-    print_table(results, dry_run=args.dry_run)
-    print_batches(results)
+    ok = all(r.ok for r in results) and not failed
+    trainers = [
+        r for r in results if r.trainer not in ("rollouts", "fsdp") or (r.trainer == "rollouts" and not r.ok)
+    ]
+    if trainers:
+        print_table(trainers, dry_run=args.dry_run)
+        print_batches(trainers)
     for r in results:
         if r.error:
             print(f"{r.trainer} failed: {r.error}")
     if failed:
         print(f"unsloth is installed but cannot run: {problem}")
-    return 0 if all(r.ok for r in results) and not failed else 1
+    return 0 if ok else 1
 
 
 def run_worker(trainer: str, args: argparse.Namespace) -> Result:
@@ -175,7 +205,10 @@ def run_worker(trainer: str, args: argparse.Namespace) -> Result:
         command += ["--dry-run"] if args.dry_run else []
         print(f"--- {trainer}: {' '.join(command[1:])}", flush=True)
         try:
-            subprocess.run(command, timeout=600 if args.dry_run else args.part_s, check=False)
+            limit = 600 if args.dry_run else args.part_s
+            if trainer == "fsdp":  # it stops itself after FSDP_BUDGET_S; this is for a worker that cannot
+                limit = min(limit, FSDP_BUDGET_S + 60)
+            subprocess.run(command, timeout=limit, check=False)
         except subprocess.TimeoutExpired:
             if out.is_file():  # what it finished before the time ran out
                 return Result(**json.loads(out.read_text()))
@@ -254,6 +287,8 @@ def worker(args: argparse.Namespace) -> int:
         if args.worker == "rollouts":
             asyncio.run(check_rollouts(args, result))
             result.ok = bool(result.rollout_rows)
+        elif args.worker == "fsdp":
+            check_fsdp(args, result)  # sets result.ok
         else:
             asyncio.run(check(args, result))
             result.ok = bool(result.hot_load) and all(result.hot_load) and result.resume
@@ -350,6 +385,208 @@ def trainer_batch(kind: str, base: str, preset, shape, on_cuda: bool, peak_tflop
         "mfu": flops / seconds / (peak_tflops * 1e12) if math.isfinite(peak_tflops) else math.nan,
         "gib": torch.cuda.max_memory_allocated() / 2**30 if on_cuda else math.nan,
     }
+
+
+def check_fsdp(args: argparse.Namespace, result: Result) -> None:
+    """FsdpTrainer against PeftTrainer on the same GRPO step, checkpoints both ways, s/step at 1 and 2 ranks.
+
+    Both start from the same checkpoint: PeftTrainer takes a warm-up step on another batch (so that lora_B is
+    non-zero and AdamW has moments) and saves it; each trainer loads it, takes its own warm-up step (timing
+    only), loads it again and then takes the compared step on the fixed batch, whose result it saves; two more
+    steps on that batch give the median s/step. Both take the same TrainConfig (chunked logprobs included), and
+    the sequences are of equal length, so at 1 rank both run the same micro-batches and any difference is
+    FSDP's. Tolerances (FSDP_MAX_DIFF_IN_LR, FSDP_GRAD_NORM_RTOL): the
+    base is bf16 on both sides but each row's forward is the same computation; what differs is the order of
+    the fp32 sums of the LoRA gradients (2 ranks: which rows share a micro-batch, and the reduce-scatter). An
+    AdamW step after the warm-up moves a weight by lr * |m^|/sqrt(v^) <= lr and amplifies gradient noise only
+    where both steps' gradients of that weight vanish, so rounding stays far below 0.1 lr, while a lost or
+    doubled rank share, a wrong shard or an optimizer step on stale shards moves many weights by a good part of
+    lr (and shows in grad_norm, which AdamW's scale invariance would hide in the weights).
+
+    Peak GPU memory per rank: a rank's own max_memory_allocated is not visible here, so each GPU's device-wide
+    use (torch.cuda.mem_get_info) is sampled every 0.1 s while the trainer lives, less what was in use before
+    it started: the rank's CUDA context and NCCL buffers included, short peaks possibly missed. The
+    PeftTrainer's figure is measured the same way (its process's CUDA context excluded: it was made before)."""
+    import signal
+
+    import torch
+    from distributed_scaling import batch  # this directory's: equal-length random sequences, half trainable
+
+    from artnb import models
+    from artnb.backends import gpu_presets
+    from artnb.backends.trainers.fsdp_trainer import FsdpTrainer, RankFailed
+    from artnb.backends.trainers.peft_trainer import PeftTrainer
+    from artnb.core.config import LoRAConfig, TrainConfig, TrainerConfig
+
+    def out_of_time(signum, frame):
+        raise TimeoutError(f"the fsdp part ran past FSDP_BUDGET_S={FSDP_BUDGET_S} s")
+
+    signal.signal(signal.SIGALRM, out_of_time)  # raised in the waiting loop of FsdpTrainer._call
+    signal.alarm(FSDP_BUDGET_S)
+    started = time.perf_counter()
+    on_cuda = torch.cuda.is_available() and not args.dry_run
+    card = gpu_presets.detect_card() if on_cuda else None
+    result.card = card.name if card else torch.cuda.get_device_name(0) if on_cuda else "cpu"
+    if on_cuda:  # the same micro-batch shapes at 1 and 2 ranks: 8 rows of 512 (CPU: 4 rows of 64)
+        base = models.random_model(gpu_presets.QWEN2_5[FSDP_SIZE].config(), dtype="bfloat16")
+        model_name = f"Qwen2.5-{FSDP_SIZE}-shaped random weights, bf16, nccl"
+        count, length, micro = 64, 512, 4096
+    else:
+        base = models.tiny()
+        model_name = "tiny Llama (artnb.models.tiny), fp32, gloo"
+        count, length, micro = 8, 64, 256
+    result.params = gpu_presets.model_shape(base).num_params()
+    gpus = torch.cuda.device_count() if on_cuda else 0
+    if on_cuda:
+        torch.cuda.empty_cache()  # random_model may have built the model here: its cache would hide PeftTrainer's use
+    lora, trainer_config = LoRAConfig(), TrainerConfig(device="auto" if on_cuda else "cpu")
+    compare = {"learning_rate": FSDP_LR, "max_grad_norm": 100.0, "micro_batch_tokens": micro}  # no clipping
+    peft_config = fsdp_config = TrainConfig(**compare)
+    warm, fixed = batch(count, length, seed=1), batch(count, length, seed=2)
+    result.fsdp = {
+        "model": model_name,
+        "workload": f"{count} x {length} tokens (half trainable), micro-batch {micro} tokens, lr {FSDP_LR:g}",
+        "rows": [],
+        "notes": [],
+        "on_cuda": on_cuda,
+    }
+    rows = result.fsdp["rows"]
+
+    def save_partial() -> None:  # what is done so far survives a timeout or a crash of this worker
+        result.fsdp["seconds"] = time.perf_counter() - started
+        Path(args.out).write_text(json.dumps(dataclasses.asdict(result)))
+
+    def steps(trainer, config, save_to: Path) -> tuple[float, dict]:
+        """The compared step (then saved to `save_to`) and two more on the fixed batch: (median s, its metrics)."""
+        times, first = [], {}
+        for i in range(3):
+            begun = time.perf_counter()
+            metrics = trainer.train(fixed, config, progress=False)
+            if on_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - begun)
+            if i == 0:
+                first = metrics
+                trainer.save_checkpoint(save_to)
+        return statistics.median(times), first
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-fsdp-") as tmp_dir:
+            tmp = Path(tmp_dir)
+            memory = [PeakMemory(0.1, device=0)] if on_cuda else []
+            peft = PeftTrainer(base, lora, trainer_config)
+            peft.train(warm, peft_config, progress=False)  # the warm-up step, from which both trainers start
+            peft.save_checkpoint(tmp / "start")
+            peft.load_checkpoint(tmp / "start")
+            seconds, baseline = steps(peft, peft_config, tmp / "peft")
+            rows.append(
+                {
+                    "trainer": "PeftTrainer (baseline)",
+                    "ranks": "1 process",
+                    "s": seconds,
+                    "gib": _peaks(memory),
+                }
+            )
+            save_partial()
+            start = _adapter(tmp / "start")
+            for ranks in (1, 2):
+                if ranks > 1 and on_cuda and gpus < ranks:
+                    result.fsdp["notes"].append(f"ranks={ranks}: needs {ranks} GPUs, this machine has {gpus}")
+                    continue
+                row: dict = {"trainer": "FsdpTrainer", "ranks": str(ranks)}
+                rows.append(row)
+                logs = tmp / f"logs-{ranks}"
+                memory = [PeakMemory(0.1, device=i) for i in range(ranks)] if on_cuda else []
+                fsdp = None
+                try:
+                    fsdp = FsdpTrainer(base, lora, trainer_config, ranks=ranks, log_dir=logs)
+                    fsdp.load_checkpoint(tmp / "start")
+                    fsdp.train(warm, fsdp_config)  # its warm-up step
+                    fsdp.load_checkpoint(tmp / "start")
+                    row["s"], metrics = steps(fsdp, fsdp_config, tmp / f"fsdp-{ranks}")
+                    row["gib"] = _peaks(memory)
+                    ours, theirs = _adapter(tmp / f"fsdp-{ranks}"), _adapter(tmp / "peft")
+                    row["max_abs"] = max((ours[k] - theirs[k]).abs().max().item() for k in theirs)
+                    moved = sum(((theirs[k] - start[k]) ** 2).sum().item() for k in theirs) ** 0.5
+                    off = sum(((ours[k] - theirs[k]) ** 2).sum().item() for k in theirs) ** 0.5
+                    row["update_rel"] = off / moved if moved else math.nan
+                    row["grad_norm_rel"] = abs(metrics["grad_norm"] / baseline["grad_norm"] - 1)
+                    row["same"] = (
+                        row["max_abs"] <= FSDP_MAX_DIFF_IN_LR * FSDP_LR
+                        and row["grad_norm_rel"] <= FSDP_GRAD_NORM_RTOL
+                    )
+                    # checkpoints both ways: PeftTrainer's -> FsdpTrainer -> saved, FsdpTrainer's -> PeftTrainer
+                    fsdp.load_checkpoint(tmp / "peft")
+                    fsdp.save_checkpoint(tmp / f"peft-via-fsdp-{ranks}")
+                    peft.load_checkpoint(tmp / f"fsdp-{ranks}")
+                    peft.save_checkpoint(tmp / f"fsdp-{ranks}-via-peft")
+                    row["round_trip"] = max(
+                        _checkpoint_diff(tmp / "peft", tmp / f"peft-via-fsdp-{ranks}"),
+                        _checkpoint_diff(tmp / f"fsdp-{ranks}", tmp / f"fsdp-{ranks}-via-peft"),
+                    )
+                except RankFailed as error:  # its message has the rank's log tail
+                    row["error"] = f"{type(error).__name__}: {error}"
+                except Exception as error:
+                    traceback.print_exc()
+                    row["error"] = f"{type(error).__name__}: {error}" + _log_tails(logs)
+                finally:
+                    if fsdp is not None:
+                        fsdp.close()
+                    for m in memory:
+                        m.stop()
+                save_partial()
+                if isinstance(row.get("error"), str) and row["error"].startswith("TimeoutError"):
+                    break  # out of time: no next group
+    finally:
+        signal.alarm(0)
+    failed = [r for r in rows[1:] if r.get("error") or not (r.get("same") and r.get("round_trip") == 0.0)]
+    result.ok = len(rows) > 1 and not failed
+    if failed:
+        result.error = "; ".join(
+            f"{r['ranks']} rank(s): {(r.get('error') or 'out of tolerance').splitlines()[0]}" for r in failed
+        )
+    save_partial()
+
+
+def _adapter(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path / "adapter_model.safetensors")
+
+
+def _checkpoint_diff(a: Path, b: Path) -> float:
+    """The largest difference between two checkpoints' tensors (adapter and AdamW state); inf if they do not
+    match in names or shapes."""
+    import torch
+
+    first, second = _adapter(a), _adapter(b)
+    if first.keys() != second.keys():
+        return math.inf
+    pairs = [(first[k].float(), second[k].float()) for k in first]
+    opt_a = torch.load(a / "optimizer.pt", weights_only=True)["state"]
+    opt_b = torch.load(b / "optimizer.pt", weights_only=True)["state"]
+    if opt_a.keys() != opt_b.keys():
+        return math.inf
+    for index, entry in opt_a.items():
+        if entry.keys() != opt_b[index].keys():
+            return math.inf
+        pairs += [(entry[k].float(), opt_b[index][k].float()) for k in entry]
+    if any(x.shape != y.shape for x, y in pairs):
+        return math.inf
+    return max(((x - y).abs().max().item() for x, y in pairs if x.numel()), default=0.0)
+
+
+def _peaks(memory: list) -> list[float]:
+    """Each sampled GPU's peak use above what it had when sampling began, in GiB."""
+    return [(m.stop() - m.start) / 2**30 for m in memory]
+
+
+def _log_tails(logs: Path, lines: int = 20) -> str:
+    tails = []
+    for log in sorted(logs.glob("rank*.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"\n--- {log.name} (last {lines} lines):\n" + ("\n".join(text) or "(empty)"))
+    return "".join(tails)
 
 
 async def check_rollouts(args: argparse.Namespace, result: Result) -> None:
@@ -479,6 +716,71 @@ def print_rollouts(result: Result) -> None:
     print(f"engine process peak GPU memory (device-wide): {_num(result.peak_gib, 1, 'n/a')} GiB")
 
 
+def print_fsdp(result: Result) -> None:
+    f = result.fsdp
+    if not f.get("rows"):
+        print(f"fsdp: {result.error or 'no rows'}")
+        return
+    print(
+        f"\nFSDP trainer against PeftTrainer on {result.card}: {f['model']}, {result.params / 1e9:.3g}B parameters; "
+        f"{f['workload']}; s/step: median of 3 steps after a warm-up step; part took {f.get('seconds', 0):.0f} s"
+    )
+    print(
+        "| trainer | ranks | s/step | speed vs PeftTrainer | speed-up vs 1 rank | grad_norm rel diff | "
+        "max abs LoRA diff (in lr) | update rel diff | same step | checkpoints both ways | peak GPU GiB per rank |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = f["rows"]
+    peft_s = rows[0].get("s", math.nan)
+    one_rank = next((r.get("s", math.nan) for r in rows if r["ranks"] == "1"), math.nan)
+    for r in rows:
+        s = r.get("s", math.nan)
+        fsdp = r["trainer"].startswith("FsdpTrainer")
+        diff = r.get("max_abs", math.nan)
+        trip = r.get("round_trip")
+        gib = " / ".join(f"{g:.2f}" for g in r.get("gib", [])) or "n/a"
+        print(
+            f"| {r['trainer']} | {r['ranks']} | {_num(s, 3)} | {_ratio(peft_s, s)} | "
+            f"{_ratio(one_rank, s) if fsdp else '-'} | "
+            f"{_sci(r.get('grad_norm_rel')) if fsdp else '-'} | "
+            f"{(_sci(diff) + f' ({diff / FSDP_LR:.3f})') if fsdp and math.isfinite(diff) else '-'} | "
+            f"{_sci(r.get('update_rel')) if fsdp else '-'} | "
+            f"{('ok' if r.get('same') else 'FAILED') if fsdp else '-'} | "
+            f"{_trip(trip) if fsdp else '-'} | {gib} |"
+        )
+    print(
+        f"same step: max abs LoRA diff <= {FSDP_MAX_DIFF_IN_LR:g} lr and grad_norm rel diff <= {FSDP_GRAD_NORM_RTOL:g} "
+        "(why: check_fsdp's docstring); checkpoints both ways: the same tensors bit for bit (adapter and AdamW state)"
+    )
+    two = next((r for r in rows if r["ranks"] == "2" and "s" in r), None)
+    if not f.get("on_cuda"):
+        print("(CPU: the ranks share its cores, so the speed-up shows the cost of sharding, not a speed-up)")
+    elif two is not None:
+        speedup = one_rank / two["s"]
+        met = "met" if speedup >= FSDP_SPEEDUP_TARGET else "NOT met"
+        print(f"target (issue 30): 2 ranks >= {FSDP_SPEEDUP_TARGET}x 1 rank: {met} ({speedup:.2f}x)")
+    for note in f.get("notes", []):
+        print(note)
+    for r in rows:
+        if r.get("error"):
+            print(f"FsdpTrainer, {r['ranks']} rank(s) failed: {r['error']}")
+
+
+def _ratio(baseline: float, seconds: float) -> str:
+    """How many times faster than the baseline: its seconds over these."""
+    return f"{baseline / seconds:.2f}x" if math.isfinite(baseline / seconds) else "-"
+
+
+def _sci(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.2e}"
+
+
+def _trip(diff: float | None) -> str:
+    if diff is None:
+        return "-"
+    return "exact" if diff == 0.0 else f"FAILED (max diff {diff:.2e})"
+
+
 def print_batches(results: list[Result]) -> None:
     rows = [r for r in results if r.batch]
     if not rows:
@@ -571,18 +873,21 @@ def matmul_peak_flops(dtype, n: int = 8192, repeats: int = 30) -> float:
 
 
 class PeakMemory:
-    """Device-wide GPU memory in use (every process: trainer and engine), its peak sampled in a thread."""
+    """Device-wide GPU memory in use (every process: trainer and engine), its peak sampled in a thread; on the
+    current device, or on `device`. `start` is the use when sampling began."""
 
-    def __init__(self, interval_s: float = 0.2) -> None:
+    def __init__(self, interval_s: float = 0.2, device: int | None = None) -> None:
         import torch
 
-        self._torch, self.peak, self._stop = torch, 0, threading.Event()
+        self._torch, self.peak, self._stop, self._device = torch, 0, threading.Event(), device
+        free, total = torch.cuda.mem_get_info(device)
+        self.start = total - free
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
         self._thread.start()
 
     def _run(self, interval_s: float) -> None:
         while not self._stop.is_set():
-            free, total = self._torch.cuda.mem_get_info()
+            free, total = self._torch.cuda.mem_get_info(self._device)
             self.peak = max(self.peak, total - free)
             self._stop.wait(interval_s)
 

@@ -75,6 +75,8 @@ class EngineLauncher:
             options.setdefault("max_lora_rank", max(model.lora.r, settings.max_lora_rank or 0))
             preset = settings.gpu_preset.vllm_args() if settings.gpu_preset else []
             options["extra_args"] = [*preset, *settings.vllm_args, *options.get("extra_args", [])]
+            if settings.vllm_env:  # e.g. the split placement's serving GPUs; engine_options' env wins
+                options["env"] = {**settings.vllm_env, **(options.get("env") or {})}
             options = options_for(VLLMEngine, options, "vllm")
             return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
         from .engines.hf.client import HFEngine

@@ -41,11 +41,11 @@ from .art_spellings import ArtTrainSpellings
 from .engine_launch import EngineKind, EngineLauncher, on_cuda
 from .engine_transport import EngineTransport
 from .gpu_presets import GPUPreset
-from .model_setup import model_settings, placement_args, trainer_and_tokenizer
+from .model_setup import apply_placement, model_settings, trainer_and_tokenizer
 from .run_operations import RunOperations
 from .served import ServedModel
 from .train_step import TrainStep, with_max_seq_length
-from .trainers.choice import TRAINER_KINDS, TrainerKind, choose_trainer
+from .trainers.choice import TRAINER_KINDS, TrainerKind, check_placement, choose_trainer
 
 T = TypeVar("T")
 
@@ -64,7 +64,8 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
       kernels), "auto" warns with vLLM's reason and uses the HF engine.
     trainer: "peft" (torch + PEFT, on CUDA when available, else fp32 on the CPU), "unsloth" (Unsloth's kernels and
       4-bit loading; CUDA only, `pip install 'artnb[gpu]'`), "fsdp" (PEFT's step on torch.distributed ranks with
-      FSDP2, one per GPU, 2 on a CPU: trainers/fsdp_trainer.py) or "auto": Unsloth on CUDA where it imports, else
+      FSDP2, one per GPU, 2 on a CPU: trainers/fsdp_trainer.py; `trainer_config=TrainerConfig(placement="split")`
+      gives it the second half of the GPUs and vLLM the first) or "auto": Unsloth on CUDA where it imports, else
       PEFT, saying why once. All write the same checkpoints, so a run can switch between them.
     gpu_preset: on CUDA, what vLLM and the trainer get on this card for this model (backends/gpu_presets.py: vLLM's
       memory share, context length, 4-bit or 16-bit trainer weights, fp16 on a T4). "auto" detects the card; a
@@ -115,6 +116,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         self.trainer = trainer
         self.gpu_preset: GPUPreset | Literal["auto"] | None = gpu_preset
         self.trainer_config = trainer_config or TrainerConfig()
+        check_placement(trainer, self.trainer_config)  # placement='split' is the FSDP trainer's
         self.engine_options = self.launcher.options
         self._served: dict[tuple[str, str], ServedModel] = {}
         # One connection pool per model, shared by every client made for it (model.openai_client() makes a new
@@ -212,7 +214,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
             warn_user(f"artnb: {store.dir} was left mid-step by a process that stopped: {'; '.join(report)}.")
         cuda = on_cuda()
         settings = model_settings(model, base_path, self.gpu_preset, on_cuda=cuda)
-        settings.vllm_args[:0] = placement_args(self.trainer, base_path, self.trainer_config, on_cuda=cuda)
+        apply_placement(settings, self.trainer, base_path, self.trainer_config, on_cuda=cuda)
         store.write_model_info(_model_info(model))
 
         async def start_engine(model: TrainableModel) -> Engine:

@@ -7,6 +7,7 @@ model, overridden by `_internal_config`, overridden by what the backend was give
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -63,17 +64,39 @@ def _card_preset(
     return preset
 
 
-def placement_args(
-    requested: str, base_path: str, trainer_config: TrainerConfig, *, on_cuda: bool
-) -> list[str]:
-    """vLLM's tensor and data parallel sizes for the FSDP trainer's placement on this machine's GPUs
-    (placement.py); none for the other trainers or without CUDA. They go before the model's `_internal_config`
-    flags and the backend's `engine_options`, which override them."""
+def apply_placement(
+    settings: InternalSettings,
+    requested: str,
+    base_path: str,
+    trainer_config: TrainerConfig,
+    *,
+    on_cuda: bool,
+) -> None:
+    """What the FSDP trainer's placement on this machine's GPUs (placement.py) asks of vLLM, into `settings`:
+    its tensor and data parallel sizes, before the model's `_internal_config` flags and the backend's
+    `engine_options` (which override them); with `placement="split"` also no sleep mode and only the serving GPUs
+    (CUDA_VISIBLE_DEVICES). Nothing for the other trainers or without CUDA. `placement="split"` (from
+    `trainer_config` or `_internal_config.trainer_args`) with another trainer is a ValueError, raised here,
+    before the engine starts."""
+    from .trainers.choice import check_placement
+
+    config = trainer_config_for(trainer_config, settings)
+    setting = "TrainerConfig(placement='split')"
+    if settings.trainer.get("placement") == "split":
+        setting = "_internal_config.trainer_args.placement='split'"
+    check_placement(requested, config, setting)
     if requested != "fsdp" or not on_cuda:
-        return []
+        return
     from .trainers.fsdp_trainer import local_placement
 
-    return local_placement(base_path, trainer_config).vllm_args()
+    placement = local_placement(base_path, config)
+    settings.vllm_args[:0] = placement.vllm_args()
+    settings.vllm_env.update(placement.vllm_env(os.environ.get("CUDA_VISIBLE_DEVICES")))
+
+
+def trainer_config_for(trainer_config: TrainerConfig, settings: InternalSettings) -> TrainerConfig:
+    """The backend's trainer config with the model's `_internal_config` trainer options over it."""
+    return trainer_config.model_copy(update=settings.trainer)
 
 
 def trainer_and_tokenizer(
@@ -89,6 +112,6 @@ def trainer_and_tokenizer(
     processes of its own (FSDP ranks) writes their logs: the run's logs folder."""
     from .trainers.choice import make_trainer
 
-    config = trainer_config.model_copy(update=settings.trainer)
+    config = trainer_config_for(trainer_config, settings)
     trainer = make_trainer(requested, base_path, model.lora, config, settings.gpu_preset, log_dir)
     return trainer, AutoTokenizer.from_pretrained(base_path)

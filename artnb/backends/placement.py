@@ -6,7 +6,10 @@ Rules, and why:
   other half is the KV cache); the rest of the serving GPUs replicate that (data parallel size).
 - Colocated by default: every GPU serves, then every GPU trains while vLLM sleeps (as on one GPU), so neither
   phase leaves GPUs idle. `split=True` gives the first half of the GPUs to vLLM and the other half to the trainer,
-  which keeps the engine awake across steps (no sleep and wake) at the price of half the GPUs per phase.
+  which keeps the engine awake across steps (no sleep and wake) at the price of half the GPUs per phase
+  (`TrainerConfig(placement="split")`).
+- GPU indices here are positions among the GPUs this process sees; `visible_devices` turns them into the
+  CUDA_VISIBLE_DEVICES that confines a child process (vLLM, a trainer rank) to its role's GPUs.
 - The trainer's shard of the weights (FSDP2 over its GPUs) needs no check of its own: the trainer has at least
   as many GPUs as one vLLM replica, so its shard is no larger than vLLM's, and the other half of each GPU holds
   the gathered layer, the activations and the LoRA's gradients and AdamW state.
@@ -14,6 +17,7 @@ Rules, and why:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SERVE_SHARE = 0.5  # of a GPU's memory for vLLM's share of the weights; the rest for its KV cache
@@ -37,18 +41,35 @@ class Placement:
         return self.serve_gpus == self.train_gpus
 
     def vllm_args(self) -> list[str]:
-        """vLLM's flags for this placement (engine_options' extra_args)."""
+        """vLLM's flags for this placement (engine_options' extra_args). Split: no sleep mode, since the trainer
+        does not use vLLM's GPUs (VLLMEngine.hold then only holds requests; it does not sleep)."""
         return [
             "--tensor-parallel-size",
             str(self.tensor_parallel_size),
             "--data-parallel-size",
             str(self.data_parallel_size),
+            *([] if self.colocated else ["--no-enable-sleep-mode"]),
         ]
+
+    def vllm_env(self, parent: str | None) -> dict[str, str]:
+        """Split: CUDA_VISIBLE_DEVICES for vLLM's process, the serving GPUs (`parent`: this process's
+        CUDA_VISIBLE_DEVICES, see `visible_devices`); colocated: nothing, vLLM sees every GPU.
+
+        >>> Placement((0, 1), (2, 3), 1, 2).vllm_env("4,5,6,7")
+        {'CUDA_VISIBLE_DEVICES': '4,5'}
+        """
+        if self.colocated or not self.serve_gpus:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": visible_devices(self.serve_gpus, parent)}
 
     def __str__(self) -> str:
         if not self.serve_gpus:
             return "placement: no GPU; the engine and 2 gloo trainer ranks share the CPU"
-        how = "colocated (vLLM sleeps while the trainer steps)" if self.colocated else "split"
+        how = (
+            "colocated (vLLM sleeps while the trainer steps)"
+            if self.colocated
+            else "split (vLLM stays awake while the trainer steps)"
+        )
         return (
             f"placement: {how}; vLLM on GPUs {list(self.serve_gpus)} (tensor parallel "
             f"{self.tensor_parallel_size} x data parallel {self.data_parallel_size}), FSDP trainer on GPUs "
@@ -71,7 +92,10 @@ def plan_placement(num_gpus: int, model_bytes: int, gpu_bytes: int, *, split: bo
     gpus = tuple(range(num_gpus))
     serve, train = (gpus[: num_gpus // 2], gpus[num_gpus // 2 :]) if split else (gpus, gpus)
     if not serve:
-        raise ValueError("split=True needs at least 2 GPUs: one to serve, one to train")
+        raise ValueError(
+            f"split=True (TrainerConfig(placement='split')) needs at least 2 GPUs, one to serve and one to "
+            f"train, and this machine has {num_gpus}: use placement='colocated'"
+        )
     tensor_parallel = 1
     while model_bytes > tensor_parallel * gpu_bytes * SERVE_SHARE:
         tensor_parallel *= 2
@@ -79,6 +103,27 @@ def plan_placement(num_gpus: int, model_bytes: int, gpu_bytes: int, *, split: bo
             raise ValueError(
                 f"the model's {model_bytes / 2**30:.1f} GiB of weights do not fit half the memory of the "
                 f"{len(serve)} serving GPUs ({gpu_bytes / 2**30:.0f} GiB each): use more GPUs or nodes"
-                + (", or split=False" if split else "")
+                + (", or split=False (TrainerConfig(placement='colocated'))" if split else "")
             )
     return Placement(serve, train, tensor_parallel, len(serve) // tensor_parallel)
+
+
+def visible_devices(gpus: Sequence[int], parent: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a child process that is to see only the GPUs at positions `gpus` among this
+    process's GPUs. `parent` is this process's CUDA_VISIBLE_DEVICES: the positions index its entries (ids, UUIDs
+    or MIG names alike); None (unset) means every GPU, numbered from 0.
+
+    >>> visible_devices((2, 3), "4,5,6,7")  # the child's GPU 0 is this process's GPU 2, physical GPU 6
+    '6,7'
+    >>> visible_devices((0, 1), None)
+    '0,1'
+    """
+    if parent is None:
+        return ",".join(str(gpu) for gpu in gpus)
+    entries = [entry.strip() for entry in parent.split(",")] if parent.strip() else []
+    for gpu in gpus:
+        if not 0 <= gpu < len(entries) or not entries[gpu]:
+            raise ValueError(
+                f"GPU {gpu}: this process sees {len(entries)} GPUs (CUDA_VISIBLE_DEVICES={parent!r}), numbered from 0"
+            )
+    return ",".join(entries[gpu] for gpu in gpus)

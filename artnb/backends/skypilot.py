@@ -26,7 +26,9 @@ says what to run (a `sky.Task`) and which of SkyPilot's calls to make. Design ch
   rendezvous from SkyPilot's environment (the head is the first of SKYPILOT_NODE_IPS, the node's rank is
   SKYPILOT_NODE_RANK, one rank per GPU), running the FSDP trainer's ranks (trainers/fsdp_rank.py); the head node
   also runs `artnb serve --trainer fsdp`, whose trainer attaches to rank 0 on the head node (ARTNB_FSDP_CONTROL,
-  with a key derived from the server's secret key). vLLM serves from the head node's GPUs.
+  with a key derived from the server's secret key). vLLM serves from the head node's GPUs. A rank that dies fails
+  its step; torchrun restarts the group (`--max-restarts`), and the server's trainer reconnects to the new rank 0
+  at the next step and loads the last checkpoint.
 
 Not handled: spot preemption (a preempted cluster is gone with its run directory; SkyPilot's managed jobs would
 relaunch it elsewhere, but under a new address and without the checkpoints), and TLS (the server is reached
@@ -62,6 +64,7 @@ INSTALL_HINT = "pip install 'artnb[skypilot]'  (then `sky check` to enable a clo
 # SkyPilot job states in which the server job is still alive (sky.JobStatus values).
 ACTIVE_JOB_STATES = frozenset({"INIT", "PENDING", "SETTING_UP", "RUNNING"})
 TORCHRUN_PORT = 29500  # the rendezvous port on the head node (nodes reach each other on SkyPilot's network)
+TORCHRUN_MAX_RESTARTS = 3  # a rank that dies fails its step; torchrun restarts the group for the next
 FSDP_CONTROL_PORT = 29501  # where rank 0 waits for the server's FsdpTrainer (loopback on the head node)
 
 
@@ -172,7 +175,8 @@ class ServerTask:
                 "~/artnb-venv/bin/python -m torch.distributed.run"
                 ' --nnodes="$SKYPILOT_NUM_NODES" --nproc-per-node="$SKYPILOT_NUM_GPUS_PER_NODE"'
                 ' --node-rank="$SKYPILOT_NODE_RANK" --master-addr="$HEAD_IP"'
-                f" --master-port={TORCHRUN_PORT} -m artnb.backends.trainers.fsdp_rank &",
+                f" --master-port={TORCHRUN_PORT} --max-restarts={TORCHRUN_MAX_RESTARTS}"
+                " -m artnb.backends.trainers.fsdp_rank &",
                 f'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then {serve}; fi',
                 "wait",
             ]

@@ -342,3 +342,9 @@ class TrainerConfig(_Strict):
         "scenario) once instead of once per sequence; the gradient is the same. Off: every row runs whole. "
         "Not with gradient_checkpointing, which turns off the key/value cache it needs",
     )
+    placement: Literal["colocated", "split"] = Field(
+        default="colocated",
+        description="trainer='fsdp' only. 'colocated': every GPU serves, then every GPU trains while vLLM "
+        "sleeps. 'split': the first half of the GPUs serve (vLLM stays awake), the other half train; needs "
+        "at least 2 GPUs, and has no effect on a CPU",
+    )

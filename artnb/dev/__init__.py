@@ -87,10 +87,12 @@ class LoRAConfig(TypedDict, total=False):
 
 
 class TrainerArgs(TypedDict, total=False):
-    """ART's trainer (TRL/transformers TrainingArguments) settings. Honoured: gradient_checkpointing, seed."""
+    """ART's trainer (TRL/transformers TrainingArguments) settings. Honoured: gradient_checkpointing, seed; and
+    artnb's own `placement` (TrainerConfig.placement: "split" for LocalBackend(trainer="fsdp"))."""
 
     gradient_checkpointing: bool
     seed: int
+    placement: Literal["colocated", "split"]
     learning_rate: float
     weight_decay: float
     max_grad_norm: float

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.config import art_lora_fields
+from ..core.config import TrainerConfig, art_lora_fields
 from ..core.ignored import report_ignored
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class InternalSettings:
     trainer: dict[str, Any] = field(default_factory=dict)  # TrainerConfig fields
     max_lora_rank: int | None = None
     vllm_args: list[str] = field(default_factory=list)  # vLLM flags, before the user's engine_options
+    vllm_env: dict[str, str] = field(default_factory=dict)  # vLLM's environment (a split placement's GPUs)
     gpu_overrides: dict[str, Any] = field(default_factory=dict)  # GPUPreset fields (on CUDA)
     gpu_preset: GPUPreset | None = None  # the card's preset with gpu_overrides applied; set by LocalBackend
 
@@ -151,6 +152,8 @@ def _trainer_args(args: Mapping[str, Any], out: InternalSettings) -> None:
             out.trainer["gradient_checkpointing"] = bool(value)
         elif key == "seed":
             out.trainer["seed"] = int(value)
+        elif key == "placement":  # artnb's own TrainerConfig.placement, validated here
+            out.trainer["placement"] = TrainerConfig(placement=value).placement
         else:
             report_ignored(
                 f"_internal_config.trainer_args.{key}",

@@ -82,12 +82,17 @@ def test_is_a_trainer_on_two_ranks(fsdp, capsys):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"loss_fn": "ppo", "kl_penalty_coef": 0.1, "precalculate_logprobs": True}],
-    ids=["cispo", "ppo+kl+precalculated"],
+    [
+        {},
+        {"loss_fn": "ppo", "kl_penalty_coef": 0.1, "precalculate_logprobs": True},
+        # the head apart from the decoder, and several passes per step (each rank gathers the root per pass)
+        {"logprob_calculation_chunk_size": 4, "kl_penalty_coef": 0.1, "micro_batch_tokens": 64},
+    ],
+    ids=["cispo", "ppo+kl+precalculated", "chunked+kl"],
 )
 def test_one_grpo_step_equals_the_single_process_one(tiny, fsdp, tmp_path, options):
     peft = both_from(tiny, fsdp, tmp_path / "start")
-    sequences = make_sequences(5, seed=1)  # 5 sequences: the ranks get unequal shares
+    sequences = make_sequences(9, seed=1)  # 9 sequences: the ranks get unequal shares
     config = TrainConfig(learning_rate=1e-2, max_grad_norm=100.0, **options)
     ours, theirs = fsdp.train(sequences, config), peft.train(sequences, config, progress=False)
     for name in ("loss", "policy_loss", "grad_norm", "num_trainable_tokens", "learning_rate", "ratio_mean"):

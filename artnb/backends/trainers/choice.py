@@ -1,5 +1,6 @@
 """Which trainer LocalBackend builds: "auto" (Unsloth on CUDA where it imports, else PEFT), "peft", "unsloth" or
-"fsdp" (the PEFT step on N ranks with FSDP2, fsdp_trainer.py; asked for by name only).
+"fsdp" (the PEFT step on N ranks with FSDP2, fsdp_trainer.py; asked for by name only). Only "fsdp" takes
+`TrainerConfig(placement="split")` (`check_placement`).
 
 The decision (`choose_trainer`) is a pure function of what was asked, whether CUDA is there and why Unsloth cannot
 train (or None), so every message can be checked on any machine. Whether Unsloth imports is found out in a
@@ -47,6 +48,19 @@ def choose_trainer(requested: str, *, on_cuda: bool, unsloth_problem: str | None
     return "unsloth", "trainer='auto' uses Unsloth: there is a CUDA GPU and `import unsloth` works"
 
 
+def check_placement(
+    requested: str, config: TrainerConfig, setting: str = "TrainerConfig(placement='split')"
+) -> None:
+    """A ValueError when `config` asks for the split placement and the trainer is not the FSDP trainer, the one
+    that places its ranks (placement.py); `setting` names where the user asked for it."""
+    if config.placement == "split" and requested != "fsdp":
+        raise ValueError(
+            f"{setting} gives half the GPUs to vLLM and half to the FSDP trainer's ranks, and trainer="
+            f"{requested!r} is not the FSDP trainer: use LocalBackend(trainer='fsdp') for the split placement, or "
+            "leave placement at 'colocated'"
+        )
+
+
 def make_trainer(
     requested: str,
     base_model_path: str,
@@ -67,6 +81,12 @@ def make_trainer(
 
         placement = local_placement(base_model_path, config)
         print(f"artnb: {placement}", flush=True)
+        if config.placement == "split" and not placement.serve_gpus:
+            _say_once(
+                "artnb: TrainerConfig(placement='split') has no effect here: this machine has no CUDA GPU (or "
+                "device='cpu'), so the engine and the trainer's gloo ranks share the CPU",
+                warn=True,
+            )
         return FsdpTrainer(
             base_model_path, lora, config, ranks=len(placement.train_gpus) or 2, log_dir=log_dir
         )

@@ -13,9 +13,14 @@ that environment, and `torchrun` starts them across nodes (skypilot.py). Design 
   longest first to the rank with the fewest tokens so far.
 - Every rank runs the same number of forward/backward passes (FSDP gathers each layer's weights in each pass):
   a rank with fewer micro-batches runs idle ones, a real sequence with nothing trainable, whose gradient is zero.
-- Shared-prefix passes and chunked logprobs call the decoder and the LM head outside the PeftModel's forward,
-  which FSDP's root gathers the embeddings for; the ranks run every row whole and compute logits in one go (the
-  same values and gradient, more memory).
+- Loading: rank 0 reads the weights (and draws the LoRA's initial values, as the PeftTrainer does); the other
+  ranks build the model on the meta device, and once sharded each receives its shards from rank 0
+  (`set_model_state_dict` with `broadcast_from_rank0`, one tensor at a time). Only rank 0 ever holds the whole
+  model, and only rank 0 reads the files.
+- FSDP's root unit is `_Root`, around the PeftModel, and every pass runs inside its forward: chunked logprobs
+  call the decoder and the LM head apart (outside the PeftModel's forward), and find the embeddings and the head
+  gathered. Shared-prefix passes stay off: a prefix pass runs each layer twice, and every rank must run the same
+  passes (FSDP gathers each layer's weights in each pass).
 - Control: rank 0 listens on ARTNB_FSDP_CONTROL for the one FsdpTrainer that drives the ranks, and broadcasts
   each command to the other ranks over a gloo group with a long timeout (a notebook may wait an hour between
   steps; the compute group keeps torch's default timeout). Any exception on any rank ends that rank's process:
@@ -38,13 +43,18 @@ import datetime
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import PrefixStore, TCPStore  # pyright: ignore[reportPrivateImportUsage]  # documented API, re-exported from torch._C
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import PreTrainedModel
 
 from ...core.config import LoRAConfig, TrainerConfig
 from ...core.tokenize import TokenizedSequence
@@ -71,39 +81,84 @@ class CheckpointRefused(Exception):
     """A checkpoint every rank found unfit alike (after rank 0 broadcast it): an answer, not a crash."""
 
 
+class _Root(torch.nn.Module):
+    """FSDP's root unit: the PeftModel, so that the root's parameters (embeddings, final norm, LM head) are
+    gathered for a whole `forward(run)`, which calls `run()`. PeftTrainer's chunked logprobs and shared-prefix
+    passes call the decoder and the head apart, outside the PeftModel's own forward; with the PeftModel as the
+    root unit they would find those parameters still sharded."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, run: Callable[[], Any]) -> Any:
+        return run()
+
+
 class RankTrainer(PeftTrainer):
     """The PeftTrainer on one rank of an FSDP2 group (see the module docstring)."""
 
     def __init__(self, base_model_path: str, lora: LoRAConfig, config: TrainerConfig) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self._in_root = False
         super().__init__(base_model_path, lora, config)
+        self._can_chunk_logprobs()  # a forward pass: every rank checks now, together, not at its first chunk
+        cast(FSDPModule, self._root).reshard()  # the root stays gathered after a pass without backward
 
-    def _load_device(self) -> torch.device:
-        return torch.device("cpu")  # fully_shard moves each rank's shard to its device
+    def _base_weights(self, base_model_path: str, dtype: torch.dtype) -> PreTrainedModel:
+        """Rank 0 reads the weights onto the CPU; the others build the model on the meta device (no memory) and
+        receive their shards from rank 0 once sharded (`_load_model`): one copy of the model in host memory,
+        not one per rank."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if self.rank == 0:
+            return AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_model_path), dtype=dtype)
 
     def _load_model(self, base_model_path: str, lora: LoRAConfig, config: TrainerConfig):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
+        # Rank 0: the weights and a fresh LoRA, on the CPU. The others: the same modules on the meta device.
         model = super()._load_model(base_model_path, lora, config)
+        whole = model.state_dict() if self.rank == 0 else {}
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for module in model.modules():
             if type(module).__name__.endswith("DecoderLayer"):
                 fully_shard(module, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        for module in model.modules():
+        self._root = _Root(model)
+        fully_shard(self._root, mesh=mesh)
+        for module in self._root.modules():
             if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(
-                    1.0
-                )  # sum the ranks' gradients: each is a share of the batch
-                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM (see the docstring)
+                # Sum the ranks' gradients (each is a share of the batch); plain SUM, as gloo has no PREMUL_SUM.
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        if self.rank != 0:
+            model.to_empty(device=self.device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, whole, options=options)
+        for buffer in model.buffers():  # rotary frequencies and the like: not in the state dict, not sharded
+            dist.broadcast(buffer, src=0)
+        del whole
         return model
 
     def _shares_prefixes(self) -> bool:
-        return False
+        return False  # a prefix pass runs each layer twice: every rank must run the same passes
 
-    def _can_chunk_logprobs(self) -> bool:
-        return False
+    def _logprobs(self, batch: MicroBatch, adapter: bool = True, chunk_size: int | None = None) -> Tensor:
+        """PeftTrainer's, inside the root unit's forward (see `_Root`)."""
+        if self._in_root:
+            return super()._logprobs(batch, adapter, chunk_size)
+        self._in_root = True
+        try:
+            return self._root(lambda: PeftTrainer._logprobs(self, batch, adapter, chunk_size))
+        finally:
+            self._in_root = False
+
+    def _logits_are_head_of_decoder(self) -> bool:
+        return self._root(lambda: PeftTrainer._logits_are_head_of_decoder(self))
 
     def _local_batches(self, trainable: list[TokenizedSequence], budget: int) -> list[MicroBatch]:
         mine = [trainable[i] for i in deal(trainable, self.world_size)[self.rank]]
@@ -268,7 +323,20 @@ def main() -> None:
     on_cuda = torch.cuda.is_available() and os.environ.get("ARTNB_FSDP_DEVICE", "auto") != "cpu"
     if on_cuda:
         torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if on_cuda else "gloo")
+    backend = "nccl" if on_cuda else "gloo"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restart is not None:
+        # torchrun's static rendezvous (--master-addr, as the SkyPilot script starts it) keeps one store across
+        # the group's restarts, unprefixed: a restarted rank could read the dead ranks' addresses from it and
+        # fail to connect. Each attempt gets keys of its own.
+        agent_store = TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, wait_for_workers=False
+        )
+        store = PrefixStore(f"artnb/attempt_{restart}", agent_store)
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    else:
+        dist.init_process_group(backend)
     _control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
     rank = dist.get_rank()
     print(f"artnb fsdp rank {rank}/{dist.get_world_size()} up (pid {os.getpid()})", flush=True)

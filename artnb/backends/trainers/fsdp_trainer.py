@@ -20,30 +20,33 @@ Design choices:
   backend also reloads it after a failed step). Commits stay the backend's: `save_checkpoint` returns once
   rank 0 wrote the files after all ranks gathered them, and the backend renames the directory.
 - Backend nccl with one GPU per rank, gloo on the CPU (the tests' two ranks). `ranks=None`: one per GPU the
-  placement gives the trainer (placement.py), 2 on a machine without GPUs.
+  placement gives the trainer (placement.py), 2 on a machine without GPUs. The ranks see only those GPUs
+  (CUDA_VISIBLE_DEVICES, `rank_environment`): with `TrainerConfig(placement="split")` the second half.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import random
 import secrets
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
 from ...core.config import LoRAConfig, TrainConfig, TrainerConfig
-from ...core.ignored import report_ignored
 from ...core.tokenize import TokenizedSequence
 from ..cpu_threads import cpu_threads
 from ..placement import FSDP_AUTHKEY_ENV as AUTHKEY_ENV
 from ..placement import FSDP_CONTROL_ENV as CONTROL_ENV
-from ..placement import Placement, plan_placement
+from ..placement import Placement, plan_placement, visible_devices
 from .peft_trainer import context_length, grpo_sequences, sft_sequences
 
 _POLL_S = 0.1  # how often a waiting call checks that every rank is still there
@@ -105,11 +108,6 @@ class FsdpTrainer:
     ) -> dict[str, float]:
         """One optimizer step of the GRPO loss over all `sequences`, shared out to the ranks (PeftTrainer.train)."""
         grpo_sequences(sequences, config, self.max_seq_length)  # the ranks' checks, raised here
-        if "logprob_calculation_chunk_size" in config.model_fields_set:
-            report_ignored(
-                "logprob_calculation_chunk_size with trainer='fsdp'",
-                "the ranks compute each micro-batch's logits in one go (fsdp_rank.py)",
-            )
         metrics = self._call("train", sequences, config, progress=False)
         if config.verbose:
             print("artnb train: " + ", ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
@@ -179,9 +177,10 @@ class FsdpTrainer:
         """Start the ranks (unless attached), connect to rank 0 and have every rank load the model."""
         authkey = secrets.token_bytes(32)
         if self.attach is None:
-            address = ("127.0.0.1", _free_port())
+            address = ("127.0.0.1", free_port())
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._processes = _launch(self.ranks, address, authkey, self.log_dir, self.config)
+            gpus = local_placement(self.base_model_path, self.config).train_gpus
+            self._processes = _launch(self.ranks, address, authkey, self.log_dir, self.config, gpus)
         else:
             host, port = self.attach.rsplit(":", 1)
             address = (host, int(port))
@@ -196,7 +195,15 @@ class FsdpTrainer:
             self._check_ranks("start")
             try:
                 return Client(address, authkey=authkey)
-            except (ConnectionRefusedError, FileNotFoundError):
+            # Refused: rank 0 is not listening yet. Reset, EOF or a failed handshake: something else holds the port
+            # (rank 0 then fails to listen, and _check_ranks says so with its log).
+            except (
+                ConnectionRefusedError,
+                FileNotFoundError,
+                ConnectionResetError,
+                EOFError,
+                AuthenticationError,
+            ):
                 if time.monotonic() > deadline:
                     self.close()
                     raise TimeoutError(
@@ -247,39 +254,45 @@ class FsdpTrainer:
         )
 
 
-def local_placement(base_model_path: str, config: TrainerConfig) -> Placement:
-    """plan_placement for this machine's GPUs (none when `config.device` is "cpu") and the model's weight files."""
-    import torch
+def local_placement(
+    base_model_path: str, config: TrainerConfig, gpus: tuple[int, int] | None = None
+) -> Placement:
+    """plan_placement for this machine's GPUs (none when `config.device` is "cpu") and the model's weight files,
+    split when `config.placement` is "split". `gpus`: (count, bytes each) of another machine instead, e.g. to
+    see on a laptop where a model would go on 8 H100s."""
+    if gpus is None:
+        import torch
 
-    on_cuda = config.device != "cpu" and torch.cuda.is_available()
-    count = torch.cuda.device_count() if on_cuda else 0
-    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if on_cuda else 1
+        gpus = (0, 1)
+        if config.device != "cpu" and torch.cuda.is_available():
+            gpus = (torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory)
+    count, gpu_bytes = gpus
     weights = sum(f.stat().st_size for f in Path(base_model_path).glob("*.safetensors"))
-    return plan_placement(count, weights, gpu_bytes)
+    return plan_placement(count, weights, gpu_bytes, split=config.placement == "split")
 
 
 def _launch(
-    ranks: int, address: tuple[str, int], authkey: bytes, log_dir: Path, config: TrainerConfig
+    ranks: int,
+    address: tuple[str, int],
+    authkey: bytes,
+    log_dir: Path,
+    config: TrainerConfig,
+    gpus: Sequence[int] = (),
 ) -> list[subprocess.Popen]:
-    """`ranks` processes of fsdp_rank.py with torchrun's environment, each logging to log_dir/rank{N}.log."""
-    master_port = _free_port()
-    threads = max(1, cpu_threads() // ranks)
+    """`ranks` processes of fsdp_rank.py with torchrun's environment, each logging to log_dir/rank{N}.log, on the
+    GPUs at positions `gpus` of this process's (the placement's train_gpus; none on a CPU)."""
+    shared = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": str(max(1, cpu_threads() // ranks)),
+        "PYTHONUNBUFFERED": "1",
+        "ARTNB_FSDP_DEVICE": config.device,
+        CONTROL_ENV: f"{address[0]}:{address[1]}",
+        AUTHKEY_ENV: authkey.hex(),
+    }
     processes = []
     for rank in range(ranks):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(ranks),
-            "LOCAL_WORLD_SIZE": str(ranks),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(master_port),
-            "OMP_NUM_THREADS": str(threads),
-            "PYTHONUNBUFFERED": "1",
-            "ARTNB_FSDP_DEVICE": config.device,
-            CONTROL_ENV: f"{address[0]}:{address[1]}",
-            AUTHKEY_ENV: authkey.hex(),
-        }
+        env = rank_environment(rank, ranks, gpus=gpus, parent=os.environ, extra=shared)
         with open(log_dir / f"rank{rank}.log", "ab") as log:
             processes.append(
                 subprocess.Popen(
@@ -291,6 +304,35 @@ def _launch(
                 )
             )
     return processes
+
+
+def rank_environment(
+    rank: int, ranks: int, *, gpus: Sequence[int], parent: Mapping[str, str], extra: Mapping[str, str]
+) -> dict[str, str]:
+    """Local rank `rank` of `ranks`: `parent`'s environment with torchrun's variables and `extra`. With `gpus`
+    (positions among the parent's GPUs) CUDA_VISIBLE_DEVICES lists only those, so LOCAL_RANK r is the r-th of
+    them (fsdp_rank.py sets device r); without, the GPUs the parent sees are left as they are.
+
+    >>> env = rank_environment(1, 2, gpus=(2, 3), parent={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, extra={})
+    >>> env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]
+    ('1', '6,7')
+    """
+    if gpus and ranks > len(gpus):
+        raise ValueError(
+            f"ranks={ranks}: the placement gives the FSDP trainer {len(gpus)} GPUs ({list(gpus)}), one per rank; "
+            f"pass ranks={len(gpus)} or fewer (ranks=None takes one per GPU)"
+        )
+    env = {
+        **parent,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(ranks),
+        "LOCAL_WORLD_SIZE": str(ranks),
+        **extra,
+    }
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus, parent.get("CUDA_VISIBLE_DEVICES"))
+    return env
 
 
 def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
@@ -308,10 +350,24 @@ def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    """A free port below the kernel's ephemeral range. A port the kernel hands out (bind to 0) is in that range,
+    and between choosing it here and a rank binding it, a socket the ranks open for gloo or nccl can be given the
+    same one (seen once in about ten starts); ports below the range are only taken by asking for them."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: the IANA range's start
+        low = 49152
+    candidates = list(range(max(1024, low - 8192), low))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port below {low} on 127.0.0.1 for the FSDP ranks")
 
 
 def _tail(path: Path) -> str:

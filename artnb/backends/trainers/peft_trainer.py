@@ -169,12 +169,9 @@ class PeftTrainer:
         """The base model on `self.device` (bf16 on CUDA, fp32 on the CPU) with a fresh LoRA adapter (a PeftModel).
         UnslothTrainer loads it with Unsloth instead; everything else is shared."""
         from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
 
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype).to(
-            self._load_device()  # pyright: ignore[reportArgumentType]  # transformers wraps `to`: pyright binds no self
-        )
+        model = self._base_weights(base_model_path, dtype)
         targets = present_target_modules(model, lora.target_modules)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -190,14 +187,16 @@ class PeftTrainer:
         )
         return get_peft_model(model, peft_config)
 
+    def _base_weights(self, base_model_path: str, dtype: torch.dtype) -> PreTrainedModel:
+        """The base model read from `base_model_path`, on this trainer's device (an FSDP rank's differ)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype)
+        return model.to(self.device)  # pyright: ignore[reportArgumentType]  # transformers wraps `to`: pyright binds no self
+
     def _base_model(self) -> PreTrainedModel:
         """The transformers model inside the PeftModel (peft types it as a plain torch Module)."""
         return cast("PreTrainedModel", self.model.get_base_model())
-
-    def _load_device(self) -> torch.device:
-        """Where the base model is loaded: this trainer's device (an FSDP rank loads on the CPU and keeps its
-        shard on its GPU)."""
-        return self.device
 
     @property
     def max_seq_length(self) -> int:
