@@ -102,8 +102,6 @@ class RankTrainer(PeftTrainer):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self._in_root = False
         super().__init__(base_model_path, lora, config)
-        self._can_chunk_logprobs()  # a forward pass: every rank checks now, together, not at its first chunk
-        cast(FSDPModule, self._root).reshard()  # the root stays gathered after a pass without backward
 
     def _base_weights(self, base_model_path: str, dtype: torch.dtype) -> PreTrainedModel:
         """Rank 0 reads the weights onto the CPU; the others build the model on the meta device (no memory) and
@@ -151,6 +149,11 @@ class RankTrainer(PeftTrainer):
         """PeftTrainer's, inside the root unit's forward (see `_Root`)."""
         if self._in_root:
             return super()._logprobs(batch, adapter, chunk_size)
+        if chunk_size is not None and self._chunkable is None:
+            # Whether chunking is exact is found by a forward pass, which every rank must make at once: here, at
+            # the first chunked pass, which all ranks reach together (the same passes in the same order). Not
+            # inside PeftTrainer._logprobs, where it depends on this rank's micro-batch size.
+            self._can_chunk_logprobs()
         self._in_root = True
         try:
             return self._root(lambda: PeftTrainer._logprobs(self, batch, adapter, chunk_size))
