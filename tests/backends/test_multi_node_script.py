@@ -9,11 +9,10 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 
-import httpx
 import psutil
 import pytest
+from test_skypilot_launch import wait_for_server
 from tiny_loop import gather
 
 import artnb as art
@@ -79,22 +78,9 @@ def head_node(tmp_path):
         log.close()
 
 
-def wait_for_health(url: str, script: subprocess.Popen, log, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert script.poll() is None, log.read_text(errors="replace")[-4000:]
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "artnb serve did not answer /health"
-        time.sleep(0.2)
-
-
 async def test_the_two_node_script_trains_over_torchrun_ranks(head_node, tmp_path):
     url, script, log = head_node
-    wait_for_health(url, script, log)
+    wait_for_server(url, script, lambda: log.read_text(errors="replace")[-4000:], timeout_s=120)
     backend = RemoteBackend(url, api_key=KEY, path=tmp_path / "mirror")
     model = art.TrainableModel(
         name="multi", project="nodes", base_model=models.tiny(), lora=LoRAConfig(r=4, alpha=8)

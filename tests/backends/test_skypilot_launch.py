@@ -216,16 +216,8 @@ def test_run_command_starts_artnb_serve_with_the_secret_key(tmp_path):
         text=True,
     )
     try:
-        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "artnb serve did not answer /health"
-            time.sleep(0.2)
+        base = f"http://127.0.0.1:{port}"
+        wait_for_server(base, proc, lambda: proc.stdout.read(), timeout_s=90)
         assert httpx.get(f"{base}/info", timeout=5).status_code == 401
         info = httpx.get(f"{base}/info", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
         assert info.json()["path"] == str(tmp_path / "artnb-runs")  # `~` expanded in the cluster's HOME
@@ -233,6 +225,20 @@ def test_run_command_starts_artnb_serve_with_the_secret_key(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert KEY not in proc.stdout.read()
+
+
+def wait_for_server(url: str, proc: subprocess.Popen, output, timeout_s: float) -> None:
+    """Until `artnb serve` at `url` answers /health; fails with `output()` if `proc` ends first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, output()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "artnb serve did not answer /health"
+        time.sleep(0.2)
 
 
 # with SkyPilot ------------------------------------------------------------------------------------------
