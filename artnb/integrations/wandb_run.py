@@ -123,6 +123,11 @@ class WandbReporter:
             import wandb
 
             timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))  # W&B's own variable
+            if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+                # wandb.init starts Weave when weave is imported (ART's notebooks import it). Weave needs the W&B
+                # server: offline it asks for a login on stdin, and in this thread that read can wait forever
+                # (the run never records). W&B's own switch, unless the user set it.
+                os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
             settings = wandb.Settings(init_timeout=timeout, console="off", silent=True)
             run = wandb.init(**init, reinit="create_new", settings=settings)
             run.define_metric(STEP_METRIC)

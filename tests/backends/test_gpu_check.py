@@ -1,6 +1,7 @@
 """`benchmarks/gpu_check.py` as CI runs it: `--dry-run` does the CPU-capable parts end to end (a tiny Qwen2 model
 built locally, preset choice, the trainer "auto" picks and why, one PEFT step over the HF engine, hot-load,
-resume) and prints its table; without --dry-run a machine without CUDA is told what to run instead."""
+resume, the FSDP trainer's ranks against PeftTrainer) and prints its tables; without --dry-run a machine without
+CUDA is told what to run instead."""
 
 import os
 import subprocess
@@ -22,7 +23,7 @@ def test_dry_run_passes_and_prints_its_table():
     for card in ("T4", "L4", "A100-40GB", "A100-80GB", "H100-80GB"):
         assert any(line.strip().startswith(card + " ") for line in out.splitlines()), card
     assert "T4         16-bit trainer" in out and "float16, eager" in out  # T4: no bf16, no CUDA graphs
-    header = next(line for line in out.splitlines() if line.startswith("| trainer |"))
+    header = next(line for line in out.splitlines() if line.startswith("| trainer | engine |"))
     columns = [c.strip() for c in header.strip("|").split("|")]
     row = next(line for line in out.splitlines() if line.startswith("| peft |"))
     cells = dict(zip(columns, (c.strip() for c in row.strip("|").split("|")), strict=True))
@@ -38,6 +39,11 @@ def test_dry_run_passes_and_prints_its_table():
         next(line for line in out.splitlines() if line.startswith("| peft | 8 x 64 |")).strip("|").split("|")
     )
     assert float(batch[4]) > 0 and float(batch[5]) > 0  # s/step, tok/s of the realistic batch
+    # the fsdp part: gloo ranks against PeftTrainer on the same step, checkpoints both ways
+    for ranks in ("1", "2"):
+        fsdp = next(line for line in out.splitlines() if line.startswith(f"| FsdpTrainer | {ranks} |"))
+        cells = [c.strip() for c in fsdp.strip("|").split("|")]
+        assert float(cells[2]) > 0 and cells[8:10] == ["ok", "exact"], fsdp
 
 
 def test_without_cuda_a_real_run_says_to_use_dry_run():

@@ -160,6 +160,27 @@ def test_a_run_that_starts_weave_leaves_openai_nothing_half_imported(tmp_path):
     assert in_a_fresh_process(code, tmp_path, WANDB_MODE="offline") == "whole"
 
 
+def test_an_offline_run_with_weave_imported_asks_for_no_login(tmp_path):
+    """Offline, wandb.init would start Weave (imported, as ART's notebooks do), which needs the W&B server: it asked
+    for an API key on stdin from the W&B thread and then tried to reach wandb.ai. The run records without it."""
+    setup = f"import artnb as art; m = art.TrainableModel(name='a', project='p', base_model='x', base_path={str(tmp_path)!r}); "
+    code = "import weave; from artnb.integrations import wandb_run; r = wandb_run.WandbReporter(m); r.close()"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "LANGFUSE_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", setup + code],
+        capture_output=True,
+        text=True,
+        env={**clean, "WANDB_MODE": "offline"},
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "API key" not in out.stdout + out.stderr and "initialize weave" not in out.stdout + out.stderr
+    model = art.TrainableModel(name="a", project="p", base_model="x", base_path=str(tmp_path))
+    [run] = offline_runs(model.store.dir)
+    assert run["id"] == wandb_run.run_id(model)
+
+
 async def test_an_unreachable_wandb_warns_once_and_training_goes_on(monkeypatch, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
