@@ -207,7 +207,8 @@ class FsdpTrainer:
                 if time.monotonic() > deadline:
                     self.close()
                     raise TimeoutError(
-                        f"FSDP rank 0 did not listen on {address[0]}:{address[1]} within {_START_TIMEOUT_S:.0f} s"
+                        f"FSDP rank 0 did not answer on {address[0]}:{address[1]} within {_START_TIMEOUT_S:.0f} s: "
+                        f"not listening, or (attached) it holds another {AUTHKEY_ENV} than this process"
                     ) from None
                 time.sleep(_POLL_S)
 
