@@ -82,10 +82,10 @@ class CheckpointRefused(Exception):
 
 
 class _Root(torch.nn.Module):
-    """FSDP's root unit: the PeftModel, so that the root's parameters (embeddings, final norm, LM head) are
-    gathered for a whole `forward(run)`, which calls `run()`. PeftTrainer's chunked logprobs and shared-prefix
-    passes call the decoder and the head apart, outside the PeftModel's own forward; with the PeftModel as the
-    root unit they would find those parameters still sharded."""
+    """FSDP's root unit, around the PeftModel: the root's parameters (embeddings, final norm, LM head) are
+    gathered for a whole `forward(run)`, which calls `run()`. PeftTrainer's chunked logprobs call the decoder and
+    the head apart, outside the PeftModel's own forward; with the PeftModel as the root unit they would find
+    those parameters still sharded."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -105,8 +105,7 @@ class RankTrainer(PeftTrainer):
 
     def _base_weights(self, base_model_path: str, dtype: torch.dtype) -> PreTrainedModel:
         """Rank 0 reads the weights onto the CPU; the others build the model on the meta device (no memory) and
-        receive their shards from rank 0 once sharded (`_load_model`): one copy of the model in host memory,
-        not one per rank."""
+        receive their shards from rank 0 once sharded (`_load_model`): only rank 0 ever holds the whole model."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if self.rank == 0:
