@@ -88,7 +88,11 @@ def make_trainer(
                 warn=True,
             )
         return FsdpTrainer(
-            base_model_path, lora, config, ranks=len(placement.train_gpus) or 2, log_dir=log_dir
+            base_model_path,
+            lora,
+            config,
+            log_dir=log_dir,
+            placement=placement,  # a rank per training GPU, 2 on a CPU
         )
     problem = None if requested == "peft" else unsloth_problem()
     kind, why = choose_trainer(requested, on_cuda=on_cuda, unsloth_problem=problem)

@@ -77,6 +77,7 @@ class FsdpTrainer:
         ranks: int | None = None,
         log_dir: str | Path | None = None,
         attach: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         from transformers import AutoConfig
 
@@ -84,8 +85,10 @@ class FsdpTrainer:
         self.lora = lora or LoRAConfig()
         self.config = config or TrainerConfig()
         self.attach = attach if attach is not None else os.environ.get(CONTROL_ENV) or None
+        # Where the local ranks go, planned once (LocalBackend passes the one it printed at register).
+        self.placement = placement or local_placement(self.base_model_path, self.config)
         if ranks is None:
-            ranks = len(local_placement(self.base_model_path, self.config).train_gpus) or 2  # 2 on a CPU
+            ranks = len(self.placement.train_gpus) or 2  # 2 on a CPU
         if ranks < 1:
             raise ValueError(f"ranks={ranks}: the FSDP trainer needs at least 1 rank")
         self.ranks = ranks
@@ -179,7 +182,7 @@ class FsdpTrainer:
         if self.attach is None:
             address = ("127.0.0.1", free_port())
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            gpus = local_placement(self.base_model_path, self.config).train_gpus
+            gpus = self.placement.train_gpus
             self._processes = _launch(self.ranks, address, authkey, self.log_dir, self.config, gpus)
         else:
             host, port = self.attach.rsplit(":", 1)
