@@ -45,14 +45,31 @@ def records(path: Path):
             yield record
 
 
-def offline_runs(run_dir: Path) -> list[dict]:
-    """Each offline run under the run directory: its id, history rows, config and summary, oldest first."""
+def offline_runs(run_dir: Path, wait_s: float = 60) -> list[dict]:
+    """Each offline run under the run directory: its id, history rows, config and summary, oldest first. W&B's
+    service process writes a run's file after `run.finish()` returns (a clean run once read one with only its
+    header): wait, up to `wait_s`, until every file has its closing `exit` record."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        runs = _read_offline_runs(run_dir)
+        if all(run["exited"] for run in runs) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
+
+
+def _read_offline_runs(run_dir: Path) -> list[dict]:
     out = []
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        run = {"id": None, "history": [], "config": {}, "summary": {}, "dir": path.parent}
-        for record in records(path):
+        run = {"id": None, "history": [], "config": {}, "summary": {}, "dir": path.parent, "exited": False}
+        try:
+            found = list(records(path))
+        except Exception:  # a record cut short: the file is still being written
+            found = []
+        for record in found:
             kind = record.WhichOneof("record_type")
-            if kind == "run":
+            if kind == "exit":
+                run["exited"] = True
+            elif kind == "run":
                 run["id"] = record.run.run_id
                 run["config"].update({u.key: json.loads(u.value_json) for u in record.run.config.update})
             elif kind == "config":
