@@ -4,7 +4,8 @@
 "auto" is vLLM when it imports, else the HF engine; when vLLM imports but cannot serve the model (vLLM's CPU
 kernels refuse a tiny test model, say) "auto" warns with vLLM's reason and starts the HF engine. The options a
 model's engine gets are layered: the card's GPU preset, then the model's `_internal_config`, then the backend's
-`engine_options` (the last of a vLLM flag wins). An option the chosen engine does not take is a TypeError naming
+`engine_options` (the last of a vLLM flag wins); a placement on GPUs (placement.py) comes after the preset and
+gives vLLM, or the HF engine, its serving GPUs. An option the chosen engine does not take is a TypeError naming
 the ones it does.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -67,6 +69,7 @@ class EngineLauncher:
         """The `kind` engine for the model, built (not started) with its layered options."""
         options = dict(self.options)
         settings.report_for_engine(kind)
+        placement = settings.placement  # on GPUs: which serve (model_setup.apply_placement)
         if kind == "vllm":
             from .engines.vllm.client import VLLMEngine, vllm_import_error
 
@@ -74,15 +77,22 @@ class EngineLauncher:
                 raise RuntimeError(f"LocalBackend(engine='vllm'): {problem}. Or use engine='hf'.")
             options.setdefault("max_lora_rank", max(model.lora.r, settings.max_lora_rank or 0))
             preset = settings.gpu_preset.vllm_args() if settings.gpu_preset else []
-            options["extra_args"] = [*preset, *settings.vllm_args, *options.get("extra_args", [])]
-            if settings.vllm_env:  # e.g. the split placement's serving GPUs; engine_options' env wins
-                options["env"] = {**settings.vllm_env, **(options.get("env") or {})}
+            placed: list[str] = []
+            if placement is not None and placement.serve_gpus:
+                placed = placement.vllm_args()
+                if env := placement.vllm_env(
+                    os.environ.get("CUDA_VISIBLE_DEVICES")
+                ):  # split: the serving GPUs
+                    options["env"] = {**env, **(options.get("env") or {})}  # engine_options' env wins
+            options["extra_args"] = [*preset, *placed, *settings.vllm_args, *options.get("extra_args", [])]
             options = options_for(VLLMEngine, options, "vllm")
             return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
         from .engines.hf.client import HFEngine
 
         if on_cuda():  # a GPU decodes 64 rows for about the price of 32 (engine_options may say otherwise)
             options.setdefault("max_batch_size", 64)
+        if placement is not None and placement.serve_gpus and not placement.colocated:
+            options.setdefault("device", f"cuda:{placement.serve_gpus[0]}")  # its first serving GPU
         options = options_for(HFEngine, options, "hf")
         return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
 

@@ -7,9 +7,8 @@ model, overridden by `_internal_config`, overridden by what the backend was give
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -19,6 +18,9 @@ from ..core.ignored import warn_user
 from ..core.model import TrainableModel
 from ..dev.settings import InternalSettings, resolve_internal_config
 from .gpu_presets import GPUPreset
+
+if TYPE_CHECKING:
+    from .placement import Placement
 
 
 def model_settings(
@@ -71,27 +73,65 @@ def apply_placement(
     trainer_config: TrainerConfig,
     *,
     on_cuda: bool,
+    gpus: tuple[int, int] | None = None,
 ) -> None:
-    """What the FSDP trainer's placement on this machine's GPUs (placement.py) asks of vLLM, into `settings`:
-    its tensor and data parallel sizes, before the model's `_internal_config` flags and the backend's
-    `engine_options` (which override them); with `placement="split"` also no sleep mode and only the serving GPUs
-    (CUDA_VISIBLE_DEVICES). Nothing for the other trainers or without CUDA. `placement="split"` (from
-    `trainer_config` or `_internal_config.trainer_args`) with another trainer is a ValueError, raised here,
-    before the engine starts."""
+    """Where vLLM and the trainer go on this machine's GPUs (placement.py), into `settings.placement`: the trainer
+    is built with it (make_trainer prints it) and the engine started with it (engine_launch.py).
+
+    Placed: the FSDP trainer (on a CPU too: its gloo ranks), and on CUDA ART's dedicated mode (`_internal_config`
+    trainer_gpu_ids and inference_gpu_ids) with any trainer. `placement="split"` (from `trainer_config` or
+    `_internal_config.trainer_args`) with another trainer is a ValueError, raised here, before the engine starts,
+    as is a dedicated mode this machine cannot give. `gpus`: (count, bytes each) of another machine instead of
+    this one's (what the placement would be on 8 H100s, seen from a laptop)."""
     from .trainers.choice import check_placement
 
     config = trainer_config_for(trainer_config, settings)
     setting = "TrainerConfig(placement='split')"
     if settings.trainer.get("placement") == "split":
         setting = "_internal_config.trainer_args.placement='split'"
-    check_placement(requested, config, setting)
-    if requested != "fsdp" or not on_cuda:
-        return
-    from .trainers.fsdp_trainer import local_placement
+    if settings.dedicated_gpus is None:
+        check_placement(requested, config, setting)
+    if settings.dedicated_gpus is not None and on_cuda:
+        placement = _dedicated(settings, requested, base_path, gpus)
+    elif requested == "fsdp":
+        from .trainers.fsdp_trainer import local_placement
 
-    placement = local_placement(base_path, config)
-    settings.vllm_args[:0] = placement.vllm_args()
-    settings.vllm_env.update(placement.vllm_env(os.environ.get("CUDA_VISIBLE_DEVICES")))
+        placement = local_placement(base_path, config, gpus)
+    else:
+        return
+    settings.placement = placement
+
+
+def _dedicated(
+    settings: InternalSettings,
+    requested: str,
+    base_path: str,
+    gpus: tuple[int, int] | None,
+) -> Placement:
+    from .placement import dedicated_placement, weight_bytes
+
+    if gpus is None:
+        import torch
+
+        gpus = (torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory)
+    assert settings.dedicated_gpus is not None
+    train, serve = settings.dedicated_gpus
+    in_process = requested != "fsdp"
+    if in_process and len(train) > 1:
+        warn_user(
+            f"artnb: _internal_config trainer_gpu_ids={list(train)}: the {requested!r} trainer trains in this "
+            "process, on GPU 0 alone; LocalBackend(trainer='fsdp') trains on all of them (a rank each)"
+        )
+    count, gpu_bytes = gpus  # as in plan_placement, the GPUs are taken to be alike
+    return dedicated_placement(
+        train,
+        serve,
+        count,
+        weight_bytes(base_path),
+        gpu_bytes,
+        in_process=in_process,
+        engine_parallel=settings.engine_parallel,
+    )
 
 
 def trainer_config_for(trainer_config: TrainerConfig, settings: InternalSettings) -> TrainerConfig:
@@ -113,5 +153,7 @@ def trainer_and_tokenizer(
     from .trainers.choice import make_trainer
 
     config = trainer_config_for(trainer_config, settings)
-    trainer = make_trainer(requested, base_path, model.lora, config, settings.gpu_preset, log_dir)
+    trainer = make_trainer(
+        requested, base_path, model.lora, config, settings.gpu_preset, log_dir, settings.placement
+    )
     return trainer, AutoTokenizer.from_pretrained(base_path)

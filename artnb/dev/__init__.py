@@ -101,12 +101,17 @@ class TrainerArgs(TypedDict, total=False):
 
 
 class InternalModelConfig(TypedDict, total=False):
+    """`trainer_gpu_ids` with `inference_gpu_ids` is ART's dedicated mode: the trainer on the first GPUs, vLLM awake
+    on the others (e.g. [0] and [1]); artnb also lets LocalBackend(trainer="fsdp")'s ranks take any GPUs."""
+
     init_args: InitArgs
     engine_args: EngineArgs
     peft_args: PeftArgs
     trainer_args: TrainerArgs
     torchtune_args: dict[str, Any]
     chat_template_kwargs: dict[str, Any]
+    trainer_gpu_ids: list[int]
+    inference_gpu_ids: list[int]
 
 
 class TrainConfig(TypedDict, total=False):

@@ -5,7 +5,8 @@ trainer's options, the longest sequence trained, vLLM command-line flags (used w
 has no such knobs) and, on CUDA, changes to the card's GPU preset (backends/gpu_presets.py): `max_seq_length`,
 `gpu_memory_utilization`, `load_in_4bit` (Unsloth's 4-bit loading) and `enforce_eager` override the preset's. Keys
 with no meaning here (GPU-only settings on a CPU, flags vLLM no longer has) are accepted and reported once each by
-`report_ignored`.
+`report_ignored`. ART's dedicated mode (`trainer_gpu_ids` with `inference_gpu_ids`) is checked here on any machine
+and placed on CUDA by backends/model_setup.py (backends/placement.py says how).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..core.ignored import report_ignored
 
 if TYPE_CHECKING:
     from ..backends.gpu_presets import GPUPreset
+    from ..backends.placement import Placement
 
 # ART EngineArgs key -> (vLLM flag, needs CUDA). Boolean values become `--flag` / `--no-flag`.
 VLLM_FLAGS: dict[str, tuple[str, bool]] = {
@@ -55,9 +57,13 @@ class InternalSettings:
     trainer: dict[str, Any] = field(default_factory=dict)  # TrainerConfig fields
     max_lora_rank: int | None = None
     vllm_args: list[str] = field(default_factory=list)  # vLLM flags, before the user's engine_options
-    vllm_env: dict[str, str] = field(default_factory=dict)  # vLLM's environment (a split placement's GPUs)
     gpu_overrides: dict[str, Any] = field(default_factory=dict)  # GPUPreset fields (on CUDA)
     gpu_preset: GPUPreset | None = None  # the card's preset with gpu_overrides applied; set by LocalBackend
+    dedicated_gpus: tuple[tuple[int, ...], tuple[int, ...]] | None = (
+        None  # ART's (trainer, inference) GPU ids
+    )
+    engine_parallel: tuple[int, int] | None = None  # engine_args' (tensor, pipeline) parallel sizes, if given
+    placement: Placement | None = None  # where vLLM and the trainer go on the GPUs; set by LocalBackend
 
     def report_for_engine(self, kind: str) -> None:
         """The HF engine has none of vLLM's knobs: report the flags it will not use."""
@@ -77,7 +83,23 @@ def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) 
         raise TypeError(
             f"_internal_config must be an art.dev.InternalModelConfig(...) dict, got {type(config).__name__}"
         )
+    dedicated = check_dedicated_gpus(config.get("trainer_gpu_ids"), config.get("inference_gpu_ids"))
+    engine_args = config.get("engine_args")
+    if dedicated and isinstance(engine_args, Mapping) and engine_args.get("enable_sleep_mode"):
+        raise ValueError(
+            "_internal_config engine_args.enable_sleep_mode=True with trainer_gpu_ids and inference_gpu_ids: in "
+            "dedicated mode vLLM has its GPUs to itself and never sleeps; leave enable_sleep_mode out"
+        )
+    if dedicated and on_cuda:
+        out.dedicated_gpus = dedicated
+    elif dedicated:
+        report_ignored(
+            "_internal_config.trainer_gpu_ids and inference_gpu_ids",
+            "GPU settings, and this machine has no GPU: the engine and the trainer share the CPU",
+        )
     for key, value in config.items():
+        if key in ("trainer_gpu_ids", "inference_gpu_ids"):
+            continue
         if key == "init_args":
             _init_args(value or {}, out, on_cuda)
         elif key == "engine_args":
@@ -128,6 +150,10 @@ def _engine_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) 
             )
             continue
         flag, cuda_only = VLLM_FLAGS[key]
+        if on_cuda and value is not None and key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            sizes = out.engine_parallel or (1, 1)
+            size = int(value)
+            out.engine_parallel = (size, sizes[1]) if key == "tensor_parallel_size" else (sizes[0], size)
         if cuda_only and not on_cuda:
             report_ignored(
                 f"_internal_config.engine_args.{key}", "a GPU setting, and this machine has no GPU"
@@ -159,3 +185,38 @@ def _trainer_args(args: Mapping[str, Any], out: InternalSettings) -> None:
                 f"_internal_config.trainer_args.{key}",
                 "artnb's trainer takes its training options from backend.train(...) / TrainConfig",
             )
+
+
+def check_dedicated_gpus(
+    trainer_gpu_ids: object, inference_gpu_ids: object
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """ART's `trainer_gpu_ids` and `inference_gpu_ids` (both or neither: None), as (train, serve); a ValueError
+    naming the fix for any other shape. No GPU is needed to check them.
+
+    >>> check_dedicated_gpus([0], [1, 2])
+    ((0,), (1, 2))
+    """
+    if trainer_gpu_ids is None and inference_gpu_ids is None:
+        return None
+    said = f"_internal_config trainer_gpu_ids={trainer_gpu_ids!r}, inference_gpu_ids={inference_gpu_ids!r}"
+    if trainer_gpu_ids is None or inference_gpu_ids is None:
+        raise ValueError(
+            f"{said}: ART's dedicated mode needs both (e.g. trainer_gpu_ids=[0], inference_gpu_ids=[1]); leave "
+            "both out for the shared mode, where vLLM sleeps while the trainer steps"
+        )
+    ids: list[tuple[int, ...]] = []
+    for name, value in (("trainer_gpu_ids", trainer_gpu_ids), ("inference_gpu_ids", inference_gpu_ids)):
+        if (
+            not isinstance(value, list | tuple)
+            or not value
+            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value)
+            or len(set(value)) != len(value)
+        ):
+            raise ValueError(f"{said}: {name} must be a non-empty list of distinct GPU numbers (ints >= 0)")
+        ids.append(tuple(value))
+    if shared := sorted(set(ids[0]) & set(ids[1])):
+        raise ValueError(
+            f"{said}: GPU {shared[0]} is in both; dedicated mode gives each GPU one role. To share GPUs (vLLM "
+            "sleeping while the trainer steps), leave both out"
+        )
+    return ids[0], ids[1]

@@ -184,7 +184,7 @@ def test_placement(gpus, model_gib, gpu_gib, split, serve, train, tp, dp):
     assert (placement.serve_gpus, placement.train_gpus) == (serve, train)
     assert (placement.tensor_parallel_size, placement.data_parallel_size) == (tp, dp)
     assert placement.colocated == (not split)
-    assert placement.vllm_args()[1::2] == [str(tp), str(dp)]
+    assert placement.vllm_args()[1:4:2] == [str(tp), str(dp)]
 
 
 def test_placement_refuses_what_does_not_fit():

@@ -57,6 +57,7 @@ def test_gpu_and_unsloth_knobs_are_reported_once_each_by_name():
         init_args=art.dev.InitArgs(load_in_4bit=True, fast_inference=True),
         engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.8, enforce_eager=True),
         trainer_gpu_ids=[0],
+        inference_gpu_ids=[1],
     )
     with pytest.warns(UserWarning) as caught:
         settings = resolve_internal_config(config, on_cuda=False)
@@ -65,7 +66,7 @@ def test_gpu_and_unsloth_knobs_are_reported_once_each_by_name():
         "_internal_config.init_args.load_in_4bit",
         "_internal_config.init_args.fast_inference",
         "_internal_config.engine_args.gpu_memory_utilization",
-        "_internal_config.trainer_gpu_ids",
+        "_internal_config.trainer_gpu_ids and inference_gpu_ids",
     ):
         assert sum(name + " is accepted for ART compatibility but ignored" in m for m in messages) == 1, name
     assert settings.vllm_args == ["--enforce-eager"]  # the GPU share never reaches vLLM on a CPU

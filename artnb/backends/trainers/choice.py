@@ -20,6 +20,7 @@ from ...core.ignored import warn_user
 if TYPE_CHECKING:
     from ...core.contracts import Trainer
     from ..gpu_presets import GPUPreset
+    from ..placement import Placement
 
 log = logging.getLogger("artnb")
 
@@ -68,19 +69,26 @@ def make_trainer(
     config: TrainerConfig,
     preset: GPUPreset | None = None,
     log_dir: str | Path | None = None,
+    placement: Placement | None = None,
 ) -> Trainer:
-    """Build the trainer `requested` ("auto", "peft", "unsloth", "fsdp") for `base_model_path`, saying why once.
-    "fsdp" prints where vLLM and the trainer's ranks go on this machine (placement.py)."""
+    """Build the trainer `requested` ("auto", "peft", "unsloth", "fsdp") for `base_model_path`, saying why once,
+    and print where vLLM and the trainer go (`placement`, from model_setup.apply_placement; "fsdp" plans one for
+    this machine when none is given)."""
     import torch
 
     from .unsloth_trainer import INSTALL, unsloth_problem
 
     on_cuda = config.device != "cpu" and torch.cuda.is_available()
-    if requested == "fsdp":
-        from .fsdp_trainer import FsdpTrainer, local_placement
+    if requested == "fsdp" and placement is None:
+        from .fsdp_trainer import local_placement
 
         placement = local_placement(base_model_path, config)
+    if placement is not None:
         print(f"artnb: {placement}", flush=True)
+    if requested == "fsdp":
+        from .fsdp_trainer import FsdpTrainer
+
+        assert placement is not None  # planned above
         if config.placement == "split" and not placement.serve_gpus:
             _say_once(
                 "artnb: TrainerConfig(placement='split') has no effect here: this machine has no CUDA GPU (or "

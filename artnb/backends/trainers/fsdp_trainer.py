@@ -46,7 +46,7 @@ from ...core.tokenize import TokenizedSequence
 from ..cpu_threads import cpu_threads
 from ..placement import FSDP_AUTHKEY_ENV as AUTHKEY_ENV
 from ..placement import FSDP_CONTROL_ENV as CONTROL_ENV
-from ..placement import Placement, plan_placement, visible_devices
+from ..placement import Placement, plan_placement, visible_devices, weight_bytes
 from .peft_trainer import context_length, grpo_sequences, sft_sequences
 
 _POLL_S = 0.1  # how often a waiting call checks that every rank is still there
@@ -271,8 +271,7 @@ def local_placement(
         if config.device != "cpu" and torch.cuda.is_available():
             gpus = (torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory)
     count, gpu_bytes = gpus
-    weights = sum(f.stat().st_size for f in Path(base_model_path).glob("*.safetensors"))
-    return plan_placement(count, weights, gpu_bytes, split=config.placement == "split")
+    return plan_placement(count, weight_bytes(base_model_path), gpu_bytes, split=config.placement == "split")
 
 
 def _launch(
