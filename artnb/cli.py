@@ -6,6 +6,10 @@ import argparse
 import dataclasses
 import json
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core.config import TrainerConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,6 +63,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="trainer (default auto); fsdp trains on every GPU, across nodes when torchrun started its ranks",
     )
     serve.add_argument(
+        "--trainer-config",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="art.TrainerConfig fields as a JSON object, e.g. '{\"gradient_checkpointing\": true}' or, with "
+        '--trainer fsdp, \'{"placement": "split"}\' (vLLM on half the GPUs, awake)',
+    )
+    serve.add_argument(
         "--engine-options",
         type=json.loads,
         default=None,
@@ -80,6 +92,13 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     try:
         check_bind(args.host, api_key)
+        trainer_config = _trainer_config(args.trainer_config)
+        if trainer_config is not None:
+            from .backends.trainers.choice import check_placement
+
+            check_placement(
+                args.trainer, trainer_config, f"--trainer-config {json.dumps(args.trainer_config)}"
+            )
     except ValueError as error:
         parser.exit(2, f"artnb serve: {error}\n")
     serve(
@@ -89,9 +108,28 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         api_key=api_key,
         engine=args.engine,
         trainer=args.trainer,
+        trainer_config=trainer_config,
         max_request_bytes=args.max_request_bytes,
         engine_options=args.engine_options,
     )
+
+
+def _trainer_config(fields: object) -> TrainerConfig | None:
+    """`--trainer-config`'s JSON as a TrainerConfig; a ValueError naming the bad field."""
+    from pydantic import ValidationError
+
+    from .core.config import TrainerConfig
+
+    if fields is None:
+        return None
+    if not isinstance(fields, dict):
+        raise ValueError(
+            f"--trainer-config {json.dumps(fields)}: give a JSON object of art.TrainerConfig fields"
+        )
+    try:
+        return TrainerConfig.model_validate(fields)
+    except ValidationError as error:
+        raise ValueError(f"--trainer-config: {error}") from None
 
 
 if __name__ == "__main__":

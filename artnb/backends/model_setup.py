@@ -7,8 +7,9 @@ model, overridden by `_internal_config`, overridden by what the backend was give
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -18,9 +19,7 @@ from ..core.ignored import warn_user
 from ..core.model import TrainableModel
 from ..dev.settings import InternalSettings, resolve_internal_config
 from .gpu_presets import GPUPreset
-
-if TYPE_CHECKING:
-    from .placement import Placement
+from .placement import FSDP_CONTROL_ENV, Placement, dedicated_placement, weight_bytes
 
 
 def model_settings(
@@ -99,6 +98,12 @@ def apply_placement(
         placement = local_placement(base_path, config, gpus)
     else:
         return
+    if requested == "fsdp" and os.environ.get(FSDP_CONTROL_ENV) and not placement.colocated:
+        raise ValueError(
+            f"{placement}: but the FSDP trainer's ranks here were started by torchrun ({FSDP_CONTROL_ENV} is "
+            "set, as on a multi-node cluster), on every GPU of each node, and vLLM would share them awake. Leave "
+            "placement at 'colocated' and trainer_gpu_ids/inference_gpu_ids out (vLLM then sleeps while they step)"
+        )
     settings.placement = placement
 
 
@@ -108,8 +113,6 @@ def _dedicated(
     base_path: str,
     gpus: tuple[int, int] | None,
 ) -> Placement:
-    from .placement import dedicated_placement, weight_bytes
-
     if gpus is None:
         import torch
 

@@ -43,6 +43,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..core.config import TrainerConfig
 from ..core.model import Model, NothingToTrainError, TrainableModel
 from ..core.names import check_name
 from ..core.store import RunStore
@@ -402,6 +403,10 @@ class ArtnbServer:
                 "wire": WIRE_VERSION,
                 "path": str(server.backend.path),
                 "engine": server.backend.engine,
+                "trainer": server.backend.trainer,
+                "trainer_config": server.backend.trainer_config.model_dump(
+                    mode="json", exclude_defaults=True
+                ),
                 "max_request_bytes": server.max_request_bytes,
                 "models": [f"{p}/{n}" for p, n in server.models],
             }
@@ -553,6 +558,7 @@ def serve(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     engine_options: dict[str, Any] | None = None,
     trainer: str = "auto",
+    trainer_config: TrainerConfig | None = None,
 ) -> None:
     """Serve a LocalBackend over `path` until interrupted (`artnb serve`). `api_key` None: $ARTNB_API_KEY."""
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -561,7 +567,13 @@ def serve(
         raise ValueError(f"max_request_bytes={max_request_bytes}: pass a positive number of bytes")
     import uvicorn
 
-    backend = LocalBackend(path=path, engine=engine, trainer=trainer, engine_options=engine_options)  # type: ignore[arg-type]
+    backend = LocalBackend(
+        path=path,
+        engine=engine,  # type: ignore[arg-type]
+        trainer=trainer,  # type: ignore[arg-type]
+        trainer_config=trainer_config,
+        engine_options=engine_options,
+    )
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)

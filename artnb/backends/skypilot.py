@@ -51,9 +51,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from ..core.atomic import write_atomic
+from ..core.config import TrainerConfig
 from .placement import FSDP_AUTHKEY_ENV, FSDP_CONTROL_ENV
 from .remote import RemoteBackend
 from .server import API_KEY_ENV, DEFAULT_PORT, check_bind
+from .trainers.choice import check_placement
 
 if TYPE_CHECKING:
     import sky  # pyright: ignore[reportMissingImports]  # optional: artnb[skypilot]
@@ -136,6 +138,7 @@ class ServerTask:
     trainer: str | None = (
         None  # `artnb serve --trainer`; None: "fsdp" on several nodes, else the server's default
     )
+    trainer_config: dict[str, Any] | None = None  # `artnb serve --trainer-config`: TrainerConfig fields
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)  # the server's own rule: beyond loopback only with a key
@@ -160,6 +163,8 @@ class ServerTask:
         trainer = self.trainer or ("fsdp" if self.num_nodes > 1 else None)
         if trainer:
             argv += ["--trainer", trainer]
+        if self.trainer_config:
+            argv += ["--trainer-config", json.dumps(self.trainer_config, sort_keys=True)]
         if self.engine_options:
             argv += ["--engine-options", json.dumps(self.engine_options, sort_keys=True)]
         quoted = " ".join(a if a == self.runs_dir else shlex.quote(a) for a in argv)  # `~` must expand
@@ -318,6 +323,25 @@ async def _sky(sky_module: Any, call: Callable[..., Any], *args: Any, stream: bo
     return await asyncio.to_thread(lambda: wait(call(*args, **kw)))
 
 
+def _trainer_fields(
+    trainer_config: TrainerConfig | dict[str, Any] | None, trainer: str | None, num_nodes: int
+) -> dict[str, Any] | None:
+    """`initialize_cluster(trainer_config=...)` as the JSON fields for `artnb serve --trainer-config` (those that
+    differ from the defaults), checked here as the server would check them, so that a mistake costs no launch."""
+    if trainer_config is None:
+        return None
+    config = TrainerConfig.model_validate(trainer_config)  # a ValidationError names the field
+    served_by = trainer or ("fsdp" if num_nodes > 1 else "auto")
+    check_placement(served_by, config, "initialize_cluster(trainer_config=...placement='split')")
+    if num_nodes > 1 and config.placement == "split":
+        raise ValueError(
+            f"initialize_cluster(num_nodes={num_nodes}, trainer_config=...placement='split'): on several nodes "
+            "torchrun gives the FSDP ranks every GPU of each node, so vLLM cannot have half of them; leave "
+            "placement at 'colocated' (vLLM sleeps while the ranks step)"
+        )
+    return config.model_dump(mode="json", exclude_defaults=True) or None
+
+
 def _say(message: str) -> None:
     print(f"SkyPilotBackend: {message}", flush=True)
 
@@ -393,6 +417,7 @@ class SkyPilotBackend(RemoteBackend):
         health_timeout_s: float = 1800.0,
         num_nodes: int = 1,
         trainer: str | None = None,
+        trainer_config: TrainerConfig | dict[str, Any] | None = None,
         **launch_options: Any,
     ) -> SkyPilotBackend:
         """Launch (or reuse) a SkyPilot cluster running `artnb serve` and return a backend connected to it.
@@ -407,6 +432,8 @@ class SkyPilotBackend(RemoteBackend):
         num_nodes: machines in the cluster; above 1 the FSDP trainer spans them (see the module docstring).
         trainer: `artnb serve --trainer` ("fsdp" for every GPU of one machine); None: the server's default,
           "fsdp" when num_nodes > 1.
+        trainer_config: the server's `art.TrainerConfig` (or its fields), e.g. gradient checkpointing, or
+          `placement="split"` with trainer="fsdp" on one node; checked here, before anything is launched.
         launch_options: passed to `sky.launch`, e.g. `idle_minutes_to_autostop=60`, `retry_until_up=True`.
         """
         sky_module = import_sky()
@@ -415,6 +442,7 @@ class SkyPilotBackend(RemoteBackend):
         if unknown:
             raise TypeError(f"initialize_cluster: unknown {unknown}; other keywords go to sky.launch")
         env_secrets = read_env_file(env_path)
+        server_trainer_config = _trainer_fields(trainer_config, trainer, num_nodes)
         install = resolve_install(art_version, artnb_checkout())
         res = server_resources(sky_module, gpu, resources, DEFAULT_PORT)
 
@@ -447,6 +475,7 @@ class SkyPilotBackend(RemoteBackend):
                 engine_options,
                 num_nodes=num_nodes,
                 trainer=trainer,
+                trainer_config=server_trainer_config,
             )
             task = spec.to_sky(sky_module, res)
             if plan.action == "launch":

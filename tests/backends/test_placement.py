@@ -260,3 +260,19 @@ def test_dedicated_mode_with_two_trainer_gpus_says_only_fsdp_uses_both(tiny):
     assert settings.placement is not None and settings.placement.train_gpus == (0, 1)
     env = rank_environment(1, 2, gpus=settings.placement.train_gpus, parent={}, extra={})
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_ranks_that_torchrun_started_refuse_to_share_their_gpus_with_an_awake_vllm(tiny, monkeypatch):
+    """On a multi-node cluster torchrun gives the ranks every GPU; split or dedicated GPUs would put an awake vLLM
+    on them, so register refuses, naming what to leave out. Colocated (vLLM sleeps) is the cluster's placement."""
+    monkeypatch.setenv(placement_module.FSDP_CONTROL_ENV, "127.0.0.1:29600")
+    for internal, config in (
+        ({}, TrainerConfig(placement="split")),
+        ({"trainer_gpu_ids": [4, 5, 6, 7], "inference_gpu_ids": [0, 1, 2, 3]}, TrainerConfig()),
+    ):
+        settings = resolve_internal_config(internal, on_cuda=True)
+        with pytest.raises(ValueError, match=r"started by torchrun .* Leave placement at 'colocated'"):
+            apply_placement(settings, "fsdp", tiny, config, on_cuda=True, gpus=(8, 80 * GIB))
+    settings = resolve_internal_config({}, on_cuda=True)
+    apply_placement(settings, "fsdp", tiny, TrainerConfig(), on_cuda=True, gpus=(8, 80 * GIB))
+    assert settings.placement is not None and settings.placement.colocated

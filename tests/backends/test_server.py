@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -98,7 +99,16 @@ def server(tmp_path_factory):
     env = {**os.environ, "ARTNB_API_KEY": KEY}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            serve_command(tmp / "runs", port, "--max-request-bytes", str(LIMIT), "--engine", "hf"),
+            serve_command(
+                tmp / "runs",
+                port,
+                "--max-request-bytes",
+                str(LIMIT),
+                "--engine",
+                "hf",
+                "--trainer-config",
+                '{"seed": 3}',
+            ),  # fmt: skip
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -121,8 +131,27 @@ def test_health_is_open_and_every_other_route_needs_the_key(server):
             assert "ARTNB_API_KEY" in response.json()["error"]["message"]
     info = httpx.get(f"{server}/info", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert info["max_request_bytes"] == LIMIT and info["wire"] == 1
+    assert (info["trainer"], info["trainer_config"]) == ("auto", {"seed": 3})  # --trainer-config reached it
     for path in ("/docs", "/openapi.json", "/redoc"):
         assert httpx.get(server + path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ('{"placment": "split"}', "placment"),  # pydantic names the unknown field
+        ('["split"]', "give a JSON object of art.TrainerConfig fields"),
+        ('{"placement": "split"}', r"trainer='auto' is not the FSDP trainer: use .*trainer='fsdp'"),
+    ],
+)
+def test_a_bad_trainer_config_stops_artnb_serve_before_it_listens(tmp_path, config, message):
+    done = subprocess.run(
+        serve_command(tmp_path, free_port(), "--trainer-config", config),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and re.search(message, done.stderr), done.stderr
 
 
 def test_the_route_list_above_is_every_route_of_the_app(tmp_path):

@@ -24,6 +24,7 @@ from importlib.metadata import version
 import httpx
 import pytest
 
+import artnb as art
 from artnb.backends import skypilot as sp
 from artnb.backends.server import API_KEY_ENV
 
@@ -126,6 +127,21 @@ def test_setup_script_is_bash_and_installs_the_right_thing():
         assert spec.setup.splitlines()[-1].endswith(wanted)
         subprocess.run(["bash", "-n", "-c", spec.setup], check=True)
     subprocess.run(["bash", "-n", "-c", _spec().run], check=True)
+
+
+def test_trainer_config_reaches_artnb_serve_checked_before_launch():
+    fields = sp._trainer_fields(art.TrainerConfig(gradient_checkpointing=True), None, 1)
+    assert fields == {"gradient_checkpointing": True}  # only what differs from the defaults
+    argv = shlex.split(_spec(trainer_config=fields).run)
+    assert argv[argv.index("--trainer-config") + 1] == '{"gradient_checkpointing": true}'
+    assert sp._trainer_fields({"placement": "split"}, "fsdp", 1) == {"placement": "split"}
+    assert sp._trainer_fields(art.TrainerConfig(), None, 1) is None  # all defaults: no flag
+    with pytest.raises(ValueError, match="gradient_checkpointin"):
+        sp._trainer_fields({"gradient_checkpointin": True}, None, 1)
+    with pytest.raises(ValueError, match=r"trainer='auto' is not the FSDP trainer"):
+        sp._trainer_fields({"placement": "split"}, None, 1)
+    with pytest.raises(ValueError, match=r"num_nodes=2, .* torchrun gives the FSDP ranks every GPU"):
+        sp._trainer_fields({"placement": "split"}, None, 2)  # several nodes: the server's trainer is fsdp
 
 
 def test_engine_options_reach_artnb_serve():
