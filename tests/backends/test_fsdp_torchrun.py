@@ -6,6 +6,7 @@ torchrun restarts the group, and the next step trains from the last checkpoint.
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -94,3 +95,22 @@ def test_attached_to_torchrun_trains_and_survives_a_killed_rank(torchrun, tmp_pa
         assert max_abs_diff(lora_weights(trainer, tmp_path / "c"), lora_weights(peft, tmp_path / "d")) < 1e-5
     finally:
         trainer.close()
+
+
+def test_attaching_where_a_program_accepts_and_never_answers_times_out_naming_the_address(monkeypatch):
+    """ARTNB_FSDP_CONTROL pointing at another program (here a socket that accepts and stays silent, as an HTTP
+    server does) is a TimeoutError naming the address and the likely causes, not a hang."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        monkeypatch.setenv(FSDP_AUTHKEY_ENV, secrets.token_hex(32))
+        with pytest.raises(
+            TimeoutError,
+            match=rf"did not answer on 127.0.0.1:{port} within 2 s: .*another program holds that port",
+        ):
+            FsdpTrainer(
+                models.tiny(),
+                LORA,
+                TrainerConfig(device="cpu"),
+                attach=f"127.0.0.1:{port}",
+                start_timeout_s=2,
+            )

@@ -30,14 +30,15 @@ import atexit
 import os
 import random
 import secrets
+import select
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,9 @@ from ..placement import Placement, plan_placement, visible_devices, weight_bytes
 from .peft_trainer import context_length, grpo_sequences, sft_sequences
 
 _POLL_S = 0.1  # how often a waiting call checks that every rank is still there
-_START_TIMEOUT_S = 600.0  # loading a large model on every rank takes minutes
+_START_TIMEOUT_S = (
+    600.0  # until rank 0 answers: the ranks start and import torch (attached: torchrun's may be later)
+)
 _LOG_TAIL_LINES = 20
 
 
@@ -78,6 +81,7 @@ class FsdpTrainer:
         log_dir: str | Path | None = None,
         attach: str | None = None,
         placement: Placement | None = None,
+        start_timeout_s: float = _START_TIMEOUT_S,
     ) -> None:
         from transformers import AutoConfig
 
@@ -85,6 +89,7 @@ class FsdpTrainer:
         self.lora = lora or LoRAConfig()
         self.config = config or TrainerConfig()
         self.attach = attach if attach is not None else os.environ.get(CONTROL_ENV) or None
+        self.start_timeout_s = start_timeout_s  # how long rank 0 may take to answer
         # Where the local ranks go, planned once (LocalBackend passes the one it printed at register).
         self.placement = placement or local_placement(self.base_model_path, self.config)
         if ranks is None:
@@ -193,25 +198,27 @@ class FsdpTrainer:
         self.ranks = info["world_size"]
 
     def _connect(self, address: tuple[str, int], authkey: bytes) -> Connection:
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while True:
             self._check_ranks("start")
             try:
-                return Client(address, authkey=authkey)
+                return _client(address, authkey, deadline, lambda: self._check_ranks("start"))
             # Refused: rank 0 is not listening yet. Reset, EOF or a failed handshake: something else holds the port
-            # (rank 0 then fails to listen, and _check_ranks says so with its log).
+            # (rank 0 then fails to listen, and _check_ranks says so with its log). Timeout: the deadline passed.
             except (
                 ConnectionRefusedError,
                 FileNotFoundError,
                 ConnectionResetError,
                 EOFError,
                 AuthenticationError,
+                TimeoutError,
             ):
                 if time.monotonic() > deadline:
                     self.close()
                     raise TimeoutError(
-                        f"FSDP rank 0 did not answer on {address[0]}:{address[1]} within {_START_TIMEOUT_S:.0f} s: "
-                        f"not listening, or (attached) it holds another {AUTHKEY_ENV} than this process"
+                        f"FSDP rank 0 did not answer on {address[0]}:{address[1]} within {self.start_timeout_s:.0f} "
+                        f"s: not listening, another program holds that port, or (attached) rank 0 holds another "
+                        f"{AUTHKEY_ENV} than this process"
                     ) from None
                 time.sleep(_POLL_S)
 
@@ -272,6 +279,29 @@ def local_placement(
             gpus = (torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory)
     count, gpu_bytes = gpus
     return plan_placement(count, weight_bytes(base_model_path), gpu_bytes, split=config.placement == "split")
+
+
+def _client(
+    address: tuple[str, int], authkey: bytes, deadline: float, check: Callable[[], None]
+) -> Connection:
+    """multiprocessing's `Client(address, authkey)` with a deadline, calling `check` while it waits. Client itself
+    waits forever when something accepts the connection and never speaks (another program on the port; rank 0's
+    Listener sends its challenge as soon as it accepts)."""
+    sock = socket.create_connection(address, timeout=max(_POLL_S, deadline - time.monotonic()))
+    with sock:
+        while not select.select([sock], [], [], _POLL_S)[0]:
+            check()
+            if time.monotonic() > deadline:
+                raise TimeoutError
+        sock.setblocking(True)
+        conn = Connection(sock.detach())
+    try:
+        answer_challenge(conn, authkey)  # what Client does once connected
+        deliver_challenge(conn, authkey)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _launch(
