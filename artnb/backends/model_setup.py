@@ -7,6 +7,7 @@ model, overridden by `_internal_config`, overridden by what the backend was give
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Literal
@@ -98,13 +99,14 @@ def apply_placement(
         placement = local_placement(base_path, config, gpus)
     else:
         return
-    if requested == "fsdp" and os.environ.get(FSDP_CONTROL_ENV) and not placement.colocated:
+    attached = os.environ.get(FSDP_CONTROL_ENV) if requested == "fsdp" else None
+    if attached and not placement.colocated:
         raise ValueError(
             f"{placement}: but the FSDP trainer's ranks here were started by torchrun ({FSDP_CONTROL_ENV} is "
             "set, as on a multi-node cluster), on every GPU of each node, and vLLM would share them awake. Leave "
             "placement at 'colocated' and trainer_gpu_ids/inference_gpu_ids out (vLLM then sleeps while they step)"
         )
-    settings.placement = placement
+    settings.placement = dataclasses.replace(placement, attached=attached or None)
 
 
 def _dedicated(

@@ -44,6 +44,7 @@ class Placement:
     tensor_parallel_size: int
     data_parallel_size: int
     in_process: bool = False  # the trainer runs in this process (PEFT, Unsloth), not as FSDP ranks
+    attached: str | None = None  # host:port of rank 0 when torchrun started the FSDP ranks (a cluster)
 
     @property
     def colocated(self) -> bool:
@@ -77,6 +78,8 @@ class Placement:
         return {"CUDA_VISIBLE_DEVICES": visible_devices(self.serve_gpus, parent)}
 
     def __str__(self) -> str:
+        if not self.serve_gpus and self.attached:
+            return f"placement: no GPU; the engine and the gloo ranks torchrun started (rank 0 at {self.attached})"
         if not self.serve_gpus:
             return "placement: no GPU; the engine and 2 gloo trainer ranks share the CPU"
         how = (
@@ -84,11 +87,12 @@ class Placement:
             if self.colocated
             else "split (vLLM stays awake while the trainer steps)"
         )
-        trainer = (
-            "the trainer on GPU 0 (in this process)"
-            if self.in_process
-            else f"FSDP trainer on GPUs {list(self.train_gpus)} ({len(self.train_gpus)} ranks)"
-        )
+        if self.in_process:
+            trainer = "the trainer on GPU 0 (in this process)"
+        elif self.attached:
+            trainer = f"FSDP trainer on the ranks torchrun started, every GPU of each node (rank 0 at {self.attached})"
+        else:
+            trainer = f"FSDP trainer on GPUs {list(self.train_gpus)} ({len(self.train_gpus)} ranks)"
         return (
             f"placement: {how}; vLLM on GPUs {list(self.serve_gpus)} (tensor parallel "
             f"{self.tensor_parallel_size} x data parallel {self.data_parallel_size}), {trainer}"

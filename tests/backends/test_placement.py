@@ -276,3 +276,10 @@ def test_ranks_that_torchrun_started_refuse_to_share_their_gpus_with_an_awake_vl
     settings = resolve_internal_config({}, on_cuda=True)
     apply_placement(settings, "fsdp", tiny, TrainerConfig(), on_cuda=True, gpus=(8, 80 * GIB))
     assert settings.placement is not None and settings.placement.colocated
+    assert str(settings.placement).endswith(  # not "8 ranks": torchrun's ranks span the nodes
+        "FSDP trainer on the ranks torchrun started, every GPU of each node (rank 0 at 127.0.0.1:29600)"
+    )
+    apply_placement(settings, "fsdp", tiny, TrainerConfig(), on_cuda=False)
+    assert str(settings.placement) == (
+        "placement: no GPU; the engine and the gloo ranks torchrun started (rank 0 at 127.0.0.1:29600)"
+    )
