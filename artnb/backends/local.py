@@ -18,6 +18,7 @@ the run operations (run_operations.py) under ART's names.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -230,7 +231,8 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
                 settings,
                 store.logs,
             )
-            return asyncio.ensure_future(loop.run_in_executor(thread, build))
+            # in this task's context: `artnb serve` sends the warnings raised while building to the caller
+            return asyncio.ensure_future(loop.run_in_executor(thread, contextvars.copy_context().run, build))
 
         # On a CPU both load at once. On CUDA the engine goes first: vLLM sizes its memory share against what is
         # free, so the trainer's weights must not be loading meanwhile.

@@ -14,6 +14,8 @@ the newest committed one loads the newest first.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,8 +57,10 @@ class ServedModel:
     async def on_trainer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the trainer's thread. All trainer work stays on one thread: glibc gives each thread
         its own malloc arena, and a trainer hopping across a pool's threads kept a multi-GB arena per thread
-        (measured: out of memory at 19 GB)."""
-        return await asyncio.get_running_loop().run_in_executor(self.trainer_thread, fn, *args)
+        (measured: out of memory at 19 GB). It runs in the caller's context, so that `artnb serve` sends the
+        trainer's warnings (a skipped update, say) to the notebook that asked for the step."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.trainer_thread, call)
 
     def engine_current(self) -> bool:
         """The engine is alive and serves the newest committed step."""

@@ -242,6 +242,17 @@ async def test_sft_and_fork_run_on_the_server(server, tmp_path):
     await backend.close()
 
 
+async def test_warnings_raised_on_the_servers_trainer_thread_reach_the_notebook(server, tmp_path):
+    """The trainer is built (and steps) on a thread of the server's own: what it warns of still reaches the
+    caller, as the warnings of the request's own task do."""
+    backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
+    lora = art.LoRAConfig(r=2, target_modules=["q_proj", "v_proj", "gate_projj"])
+    model = art.TrainableModel(name="typo", project="warnings", base_model=BASE, lora=lora)
+    with pytest.warns(UserWarning, match=r"target_modules \['gate_projj'\] do not exist in LlamaForCausalLM"):
+        await model.register(backend)
+    await backend.close()
+
+
 async def test_the_training_panel_drives_a_remote_model(server, tmp_path):
     backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
     model = art.TrainableModel(name="agent", project="panel", base_model=BASE)
