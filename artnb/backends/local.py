@@ -43,6 +43,7 @@ from .engine_launch import EngineKind, EngineLauncher, on_cuda
 from .engine_transport import EngineTransport
 from .gpu_presets import GPUPreset
 from .model_setup import apply_placement, model_settings, trainer_and_tokenizer
+from .placement import Placement
 from .run_operations import RunOperations
 from .served import ServedModel
 from .train_step import TrainStep, with_max_seq_length
@@ -293,6 +294,11 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
     def trainer_of(self, model: TrainableModel) -> Trainer:
         """The trainer that trains `model`'s adapter (a PeftTrainer or an UnslothTrainer)."""
         return self._get(model).trainer
+
+    def placement_of(self, model: TrainableModel) -> Placement | None:
+        """Where `model`'s engine and trainer run on this machine's GPUs (printed at register); None when the
+        trainer is the PEFT or Unsloth one with no GPU ids set (placement.py)."""
+        return self._get(model).settings.placement
 
     def tokenizer_of(self, model: TrainableModel) -> PreTrainedTokenizerBase:
         """The tokenizer the trainer tokenises `model`'s trajectories with (e.g. for `art.explain.trained_tokens`)."""

@@ -179,6 +179,13 @@ class RemoteBackend(ArtTrainSpellings):
             lora = lora_from_wire(reply["lora"])  # the server applied the model's _internal_config to it
             if lora != model.lora:
                 model.lora = lora
+            if trainer := reply.get("trainer"):  # as LocalBackend prints them here
+                placement = reply.get("placement")
+                print(
+                    f"artnb: {self.base_url} trains {model.name} with its {trainer}"
+                    + (f"; {placement}" if placement else ""),
+                    flush=True,
+                )
 
     def registrations(self, model: Model) -> int:
         """How many times this client registered the model on the server (see `register_again`)."""

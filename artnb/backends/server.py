@@ -257,7 +257,14 @@ class ArtnbServer:
                 return {"step": None, "lora": None}
             self.models[key] = model
             step = await self.backend.get_step(model)
-        return {"step": step, "lora": model.lora.model_dump(mode="json")}
+            trainer = type(self.backend.trainer_of(model)).__name__
+            placement = self.backend.placement_of(model)
+        return {
+            "step": step,
+            "lora": model.lora.model_dump(mode="json"),
+            "trainer": trainer,  # what the notebook is told it trains with, and where
+            "placement": str(placement) if placement is not None else None,
+        }
 
     async def get_step(self, model: TrainableModel) -> dict[str, Any]:
         key = (model.project, model.name)

@@ -78,7 +78,7 @@ def head_node(tmp_path):
         log.close()
 
 
-async def test_the_two_node_script_trains_over_torchrun_ranks(head_node, tmp_path):
+async def test_the_two_node_script_trains_over_torchrun_ranks(head_node, tmp_path, capsys):
     url, script, log = head_node
     wait_for_server(url, script, lambda: log.read_text(errors="replace")[-4000:], timeout_s=120)
     backend = RemoteBackend(url, api_key=KEY, path=tmp_path / "mirror")
@@ -86,6 +86,13 @@ async def test_the_two_node_script_trains_over_torchrun_ranks(head_node, tmp_pat
         name="multi", project="nodes", base_model=models.tiny(), lora=LoRAConfig(r=4, alpha=8)
     )
     await model.register(backend)
+    assert (
+        (  # the notebook is told what the server's log says: torchrun's ranks, not ranks the server started
+            f"artnb: {url} trains multi with its FsdpTrainer; placement: no GPU; the engine and the gloo ranks "
+            "torchrun started (rank 0 at 127.0.0.1:"
+        )
+        in capsys.readouterr().out
+    )
     result = await backend.train(model, await gather(model, seed=1), learning_rate=1e-2)
     assert result.step == 1 and await model.get_step() == 1
     text = log.read_text(errors="replace")

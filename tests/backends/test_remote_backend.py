@@ -242,14 +242,17 @@ async def test_sft_and_fork_run_on_the_server(server, tmp_path):
     await backend.close()
 
 
-async def test_warnings_raised_on_the_servers_trainer_thread_reach_the_notebook(server, tmp_path):
+async def test_warnings_raised_on_the_servers_trainer_thread_reach_the_notebook(server, tmp_path, capsys):
     """The trainer is built (and steps) on a thread of the server's own: what it warns of still reaches the
-    caller, as the warnings of the request's own task do."""
+    caller, as the warnings of the request's own task do; and the caller is told which trainer it got."""
     backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
     lora = art.LoRAConfig(r=2, target_modules=["q_proj", "v_proj", "gate_projj"])
     model = art.TrainableModel(name="typo", project="warnings", base_model=BASE, lora=lora)
     with pytest.warns(UserWarning, match=r"target_modules \['gate_projj'\] do not exist in LlamaForCausalLM"):
         await model.register(backend)
+    assert (
+        f"artnb: {server.url} trains typo with its PeftTrainer\n" in capsys.readouterr().out
+    )  # no GPU: no placement
     await backend.close()
 
 
