@@ -80,10 +80,9 @@ class EngineLauncher:
             placed: list[str] = []
             if placement is not None and placement.serve_gpus:
                 placed = placement.vllm_args()
-                if env := placement.vllm_env(
-                    os.environ.get("CUDA_VISIBLE_DEVICES")
-                ):  # split: the serving GPUs
-                    options["env"] = {**env, **(options.get("env") or {})}  # engine_options' env wins
+                # split: only the serving GPUs (engine_options' env wins)
+                serving = placement.vllm_env(os.environ.get("CUDA_VISIBLE_DEVICES"))
+                options["env"] = {**serving, **(options.get("env") or {})}
             options["extra_args"] = [*preset, *placed, *settings.vllm_args, *options.get("extra_args", [])]
             options = options_for(VLLMEngine, options, "vllm")
             return VLLMEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)

@@ -59,9 +59,8 @@ class InternalSettings:
     vllm_args: list[str] = field(default_factory=list)  # vLLM flags, before the user's engine_options
     gpu_overrides: dict[str, Any] = field(default_factory=dict)  # GPUPreset fields (on CUDA)
     gpu_preset: GPUPreset | None = None  # the card's preset with gpu_overrides applied; set by LocalBackend
-    dedicated_gpus: tuple[tuple[int, ...], tuple[int, ...]] | None = (
-        None  # ART's (trainer, inference) GPU ids
-    )
+    # ART's dedicated mode: (trainer_gpu_ids, inference_gpu_ids), on CUDA
+    dedicated_gpus: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     engine_parallel: tuple[int, int] | None = None  # engine_args' (tensor, pipeline) parallel sizes, if given
     placement: Placement | None = None  # where vLLM and the trainer go on the GPUs; set by LocalBackend
 
