@@ -66,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Model", "NothingToTrainError", "TrainableModel", "TrainResult"), "core.model"),
     **dict.fromkeys(("DEFAULT_RUBRIC", "ruler", "ruler_score_group"), "core.ruler"),
     "TrainSFTConfig": "core.sft",
+    "LinearTemperatureAnnealer": "core.temperature",
     "RunInUseError": "core.store",
     **dict.fromkeys(
         ("History", "Messages", "MessagesAndChoices", "Tools", "Trajectory", "TrajectoryGroup"),

@@ -295,6 +295,13 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         """The trainer that trains `model`'s adapter (a PeftTrainer or an UnslothTrainer)."""
         return self._get(model).trainer
 
+    async def set_default_temperature(self, model: TrainableModel, temperature: float) -> None:
+        """The temperature `model`'s engine samples at when a request names none (ART's temperature annealing:
+        `model.set_temperature_annealer`), kept across engine restarts; no restart needed."""
+        if not 0 <= temperature <= 2:
+            raise ValueError(f"temperature={temperature}: a sampling temperature is between 0 and 2")
+        await self._get(model).set_default_temperature(temperature)
+
     def placement_of(self, model: TrainableModel) -> Placement | None:
         """Where `model`'s engine and trainer run on this machine's GPUs (printed at register); None when the
         trainer is the PEFT or Unsloth one with no GPU ids set (placement.py)."""

@@ -205,6 +205,10 @@ class RemoteBackend(ArtTrainSpellings):
             )
             await self._check_server()
             await self._register_on_server(model)
+            if isinstance(model, TrainableModel) and model.default_temperature is not None:
+                await self.set_default_temperature(
+                    model, model.default_temperature
+                )  # the server forgot it too
 
     def _registered(self, model: Model) -> Model:
         if self._models.get((model.project, model.name)) is None:
@@ -362,6 +366,12 @@ class RemoteBackend(ArtTrainSpellings):
         body = dumps({"best_checkpoint_metric": best_checkpoint_metric})
         reply = await self._operation(model, "POST", f"{_route(model)}/delete_checkpoints", body)
         return [int(s) for s in reply["deleted"]]
+
+    async def set_default_temperature(self, model: TrainableModel, temperature: float) -> None:
+        """The temperature the model's engine on the server samples at when a request names none."""
+        self._registered(model)
+        body = dumps({"temperature": temperature})
+        await self._operation(model, "POST", f"{_route(model)}/default_temperature", body)
 
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`: to the server's proxy for the model's engine; a

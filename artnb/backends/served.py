@@ -51,6 +51,7 @@ class ServedModel:
     start_engine: EngineStarter  # starts a new engine for the model (after the old one died)
     trainer_thread: ThreadPoolExecutor
     serving_step: int | None = None  # the step whose adapter the engine serves as the plain name
+    default_temperature: float | None = None  # for requests that name none (core/temperature.py); None: 1
     step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step (or run operation) at a time
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -80,11 +81,19 @@ class ServedModel:
                 self.engine = await self.start_engine(self.model)
                 self.serving_step = None
                 self.point_model_at_engine()
+                if self.default_temperature is not None:
+                    await self.engine.set_default_temperature(self.default_temperature)
             if self.serving_step != self.step:
                 await self.engine.load_adapter(
                     self.model.get_inference_name(self.step), str(self.store.checkpoint_path(self.step))
                 )
                 self.serving_step = self.step
+
+    async def set_default_temperature(self, temperature: float) -> None:
+        """What the engine samples at when a request names no temperature, now and after a restart."""
+        self.default_temperature = temperature
+        if self.engine.alive():  # else ensure_engine sets it on the restarted engine
+            await self.engine.set_default_temperature(temperature)
 
     def point_model_at_engine(self) -> None:
         """The model's inference address: where `model.openai_client()` and ART-style clients send requests."""

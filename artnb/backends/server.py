@@ -445,6 +445,17 @@ class ArtnbServer:
             body = await request.body()
             return server._operation(lambda: server.log(project, name, body))
 
+        @app.post("/models/{project}/{name}/default_temperature")
+        async def default_temperature(project: str, name: str, request: Request) -> StreamingResponse:
+            model = server._trainable(project, name)
+            temperature = float(loads(await request.body())["temperature"])
+
+            async def work() -> dict[str, Any]:
+                await server.backend.set_default_temperature(model, temperature)
+                return {}
+
+            return server._operation(work, (project, name))
+
         @app.post("/models/{project}/{name}/delete_checkpoints")
         async def delete_checkpoints(project: str, name: str, request: Request) -> StreamingResponse:
             model = server._trainable(project, name)

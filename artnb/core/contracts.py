@@ -72,6 +72,11 @@ class Backend(Protocol):
         """The HTTP client behind `model.openai_client()`."""
         ...
 
+    async def set_default_temperature(self, model: TrainableModel, temperature: float) -> None:
+        """The temperature the model's engine samples at when a request names none (temperature.py), kept
+        across engine restarts."""
+        ...
+
     async def close(self) -> None:
         """Stop serving and release what the backend holds."""
         ...
@@ -100,6 +105,8 @@ class Engine(Protocol):
 
     async def release(self) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
+    async def set_default_temperature(self, temperature: float | None) -> None:
+        """The temperature for requests that name none (None: the engine's own, 1), from the next request on."""
 
 
 @runtime_checkable

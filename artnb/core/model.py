@@ -9,6 +9,7 @@ Differences from OpenPipe ART, on purpose:
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from . import costs
 from . import metric_names as names
 from .config import LoRAConfig, TrainConfig, art_lora_fields
-from .ignored import report_ignored
+from .ignored import report_ignored, warn_user
 from .metrics_builder import MetricsBuilder
 from .names import check_name
 from .reporting import ModelReporting, metric_names, what_reports
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
     from .contracts import Backend
     from .sft import TrainSFTConfig
+    from .temperature import LinearTemperatureAnnealer
 
 
 class NothingToTrainError(ValueError):
@@ -292,6 +294,9 @@ class TrainableModel(Model[ModelConfig]):
     base_model: str
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
+    _temperature_annealer: Any = PrivateAttr(default=None)  # ART's LinearTemperatureAnnealer (temperature.py)
+    _default_temperature: float | None = PrivateAttr(default=None)
+    _temperature_task: Any = PrivateAttr(default=None)  # the task sending a default set after register
 
     def __init__(
         self,
@@ -311,6 +316,42 @@ class TrainableModel(Model[ModelConfig]):
     def internal_config(self) -> Mapping[str, Any] | None:
         """What ART's `_internal_config` asks for (None when nothing), for the backend to apply."""
         return self._internal_config
+
+    async def register(self, backend: Backend) -> None:
+        await super().register(backend)
+        await self._send_default_temperature()
+
+    @property
+    def default_temperature(self) -> float | None:
+        """The temperature the model's engine samples at when a request names none: the temperature annealer's
+        current one, or None (the engine's own default, 1)."""
+        return self._default_temperature
+
+    def set_temperature_annealer(self, annealer: LinearTemperatureAnnealer) -> None:
+        """ART's temperature annealing: requests that name no temperature sample at the annealer's first value
+        from now on, and at its next value after each `model.train` (core/temperature.py). Set before
+        `register`, as ART's examples do, or after: then the engine takes it as soon as this cell yields."""
+        if not callable(getattr(annealer, "step", None)):
+            raise TypeError(
+                f"set_temperature_annealer takes an annealer with a step() method, e.g. "
+                f"art.LinearTemperatureAnnealer(start=1.0, end=0.1, steps=10); got {type(annealer).__name__}"
+            )
+        self._temperature_annealer = annealer
+        self._default_temperature = float(annealer.step())
+        if self._backend is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop to send it on (a script, between asyncio.run calls)
+                warn_user(
+                    f"artnb: {self.name!r} is registered and no event loop runs here, so its engine takes the new "
+                    "default temperature after the next model.train; set the annealer before register, or in async code"
+                )
+                return
+            self._temperature_task = loop.create_task(self._send_default_temperature())
+
+    async def _send_default_temperature(self) -> None:
+        if self._default_temperature is not None and self._backend is not None:
+            await self._backend.set_default_temperature(self, self._default_temperature)
 
     def _require_backend(self):
         if self._backend is None:
@@ -351,6 +392,9 @@ class TrainableModel(Model[ModelConfig]):
         request = TrainRequest.build(trajectory_groups, config, options)
         outcome = await backend.train_step(self, request)
         await self._record(request.groups, outcome, request.config)
+        if self._temperature_annealer is not None:  # ART: each train call moves the schedule on
+            self._default_temperature = float(self._temperature_annealer.step())
+            await self._send_default_temperature()
         return outcome.result
 
     async def train_sft(

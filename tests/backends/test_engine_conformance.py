@@ -285,6 +285,33 @@ async def test_stop_max_tokens_and_greedy(clients, engine):
     assert short.finish_reason == "length" and len(short.model_extra["token_ids"]) == 5
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_default_temperature_is_what_requests_that_name_none_sample_at(engines, clients, engine):
+    """`set_default_temperature` (ART's temperature annealing, core/temperature.py): at 0, requests that name no
+    temperature decode greedily, as one that names 0 does; a request that names one keeps it; None restores the
+    engine's own default. Out of range is refused by name."""
+    client, served = clients[engine], engines[engine]
+    ask = dict(model="base", messages=HELLO, max_tokens=16)
+    greedy = (await client.chat.completions.create(**ask, temperature=0)).choices[0].message.content
+    await served.set_default_temperature(0.0)
+    try:
+        for _ in range(2):
+            assert (await client.chat.completions.create(**ask)).choices[0].message.content == greedy
+        assert (await served.stats())["default_temperature"] == 0.0
+        hot = [
+            (await client.chat.completions.create(**ask, temperature=2.0, seed=seed))
+            .choices[0]
+            .message.content
+            for seed in range(3)
+        ]
+        assert any(text != greedy for text in hot)  # named temperatures win over the default
+        with pytest.raises(RuntimeError, match=r"/artnb/defaults failed \(4\d\d\).*temperature"):
+            await served.set_default_temperature(3.0)
+    finally:
+        await served.set_default_temperature(None)
+    assert (await served.stats())["default_temperature"] in (None, 1.0)  # vLLM's own / the HF engine's 1
+
+
 async def test_penalties_mean_the_same_on_both_engines(clients):
     """Greedy decoding with presence and frequency penalties picks the same tokens on both engines."""
     request = dict(

@@ -256,6 +256,24 @@ async def test_warnings_raised_on_the_servers_trainer_thread_reach_the_notebook(
     await backend.close()
 
 
+async def test_an_annealed_default_temperature_reaches_the_servers_engine(server, tmp_path):
+    """ART's examples/remote_backend/remote_2048.py sets a temperature annealer before registering over
+    `art.Backend(base_url=...)`: the server's engine samples at its value for requests that name none (here 0:
+    greedy, so two rollouts agree with one that names 0), and a train moves it on."""
+    backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
+    model = art.TrainableModel(name="annealed", project="warnings", base_model=BASE)
+    model.set_temperature_annealer(art.LinearTemperatureAnnealer(start=0.0, end=2.0, steps=2))
+    await model.register(backend)
+    client = model.openai_client()
+    ask = dict(model=model.get_inference_name(), messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    greedy = (await client.chat.completions.create(**ask, temperature=0)).choices[0].message.content
+    for _ in range(2):
+        assert (await client.chat.completions.create(**ask)).choices[0].message.content == greedy
+    await model.train(await gather(model, 0), learning_rate=1e-2)
+    assert model.default_temperature == 2.0
+    await backend.close()
+
+
 async def test_the_training_panel_drives_a_remote_model(server, tmp_path):
     backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
     model = art.TrainableModel(name="agent", project="panel", base_model=BASE)

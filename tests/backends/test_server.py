@@ -56,6 +56,7 @@ ROUTES = [
     ("POST", "/models/p/agent/train_sft"),
     ("POST", "/models/p/agent/log"),
     ("POST", "/models/p/agent/delete_checkpoints"),
+    ("POST", "/models/p/agent/default_temperature"),
     ("POST", "/models/p/agent/fork"),
     ("POST", "/models/p/agent/push_to_s3"),
     ("POST", "/models/p/agent/pull_from_s3"),

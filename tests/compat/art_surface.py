@@ -52,6 +52,12 @@ SURFACE: list[tuple[str, str, str, str]] = [
         "same",
         "learning_rate (a value or one per batch), batch_size, assistant_turns",
     ),
+    (
+        "artnb",
+        "LinearTemperatureAnnealer",
+        "mapped",
+        "model.set_temperature_annealer(...): the engine's default temperature moves at each train, no restart",
+    ),
     # module paths
     (
         "artnb.langgraph",

@@ -288,6 +288,10 @@ class ServerEngine:
     async def start(self, timeout: float = 300) -> None:
         raise NotImplementedError
 
+    async def set_default_temperature(self, temperature: float | None) -> None:
+        """Requests that name no temperature sample at `temperature` (None: the engine's own default, 1)."""
+        await self._call("POST", "/artnb/defaults", {"temperature": temperature})
+
     async def _call(
         self,
         method: str,

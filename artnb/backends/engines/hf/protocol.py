@@ -219,6 +219,12 @@ class UnloadAdapterRequest(BaseModel):
     lora_name: str = Field(min_length=1)
 
 
+class DefaultsRequest(BaseModel):
+    """`POST /artnb/defaults`: what a request that names no temperature samples at (None: 1)."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+
 def template_message(message: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI message as chat templates expect it: text content, tool-call arguments as dicts."""
     message = dict(message)

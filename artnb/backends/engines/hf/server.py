@@ -87,6 +87,7 @@ from artnb.backends.engines.hf.grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.hf.protocol import (
     ChatRequest,
     CompletionRequest,
+    DefaultsRequest,
     EngineError,
     LoadAdapterRequest,
     StructuredOutput,
@@ -143,6 +144,7 @@ class HFServer:
         self._merge: MergedWeights | None = None  # the merge target's weights (at most one adapter's)
         self._merge_name: str | None = None  # its served name
         self.merge_passes = 0  # merged weights built (one pass over the adapted layers each)
+        self.default_temperature = 1.0  # for requests that name none (POST /artnb/defaults)
         self.trust_request_chat_template = trust_request_chat_template
         # Used only on the prep thread (templates, prompts, responses) once serving; the decoding thread
         # (stop strings) and the grammar compiler have their own instances.
@@ -460,7 +462,7 @@ class HFServer:
             Row(
                 prompt_ids=prompt,
                 max_tokens=max_tokens,
-                temperature=1.0 if request.temperature is None else request.temperature,
+                temperature=self.default_temperature if request.temperature is None else request.temperature,
                 top_p=request.top_p or 1.0,
                 stop=stop,
                 seed=None if request.seed is None else (request.seed * 1_000_003 + i) % 2**63,
@@ -738,6 +740,11 @@ def create_app(
         server.scheduler.release()
         return {"held": False}
 
+    @app.post("/artnb/defaults")
+    async def defaults(request: DefaultsRequest) -> dict[str, float]:
+        server.default_temperature = 1.0 if request.temperature is None else request.temperature
+        return {"temperature": server.default_temperature}
+
     @app.get("/artnb/stats")
     async def stats() -> dict[str, Any]:
         return {
@@ -745,6 +752,7 @@ def create_app(
             "adapters": list(server.adapters),
             "merged": server.merged,
             "merge_passes": server.merge_passes,
+            "default_temperature": server.default_temperature,
         }
 
     return RequestGuard(

@@ -133,6 +133,7 @@ class ServerMiddleware(RequestGuard):
         self.idle.set()
         self.running = 0
         self.waiting = 0
+        self.default_temperature: float | None = None  # for requests that name none (/artnb/defaults)
         self.hermes = (
             _last_value(sys.argv, "--tool-call-parser") == "hermes"
         )  # parses what forced calls write
@@ -162,9 +163,26 @@ class ServerMiddleware(RequestGuard):
         elif path == "/artnb/routes":
             routes = json.loads(await _read_body(receive) or b"{}")
             self.served_name, self.merged = routes.get("served_name"), routes.get("merged")
+        elif path == "/artnb/defaults":
+            defaults = json.loads(await _read_body(receive) or b"{}")
+            temperature = defaults.get("temperature") if isinstance(defaults, dict) else "?"
+            if temperature is not None and not (
+                isinstance(temperature, int | float)
+                and not isinstance(temperature, bool)
+                and 0 <= temperature <= 2
+            ):
+                return await send_error(
+                    send, 400, f"temperature={temperature!r}: a number from 0 to 2, or null"
+                )
+            self.default_temperature = temperature
         elif path != "/artnb/stats":
             return await send_error(send, 404, f"no route {path}")
-        stats = {"held": not self.open.is_set(), "running": self.running, "waiting": self.waiting}
+        stats = {
+            "held": not self.open.is_set(),
+            "running": self.running,
+            "waiting": self.waiting,
+            "default_temperature": self.default_temperature,
+        }
         await send_json(send, 200, {**stats, "adapters": sorted(self.adapters), "merged": self.merged})
 
     async def _generate(self, scope: dict, receive: Any, send: Any) -> None:
@@ -195,6 +213,8 @@ class ServerMiddleware(RequestGuard):
             return body, None  # vLLM answers with its own 400
         if not isinstance(request, dict):
             return body, None
+        if self.default_temperature is not None and request.get("temperature") is None:
+            request["temperature"] = self.default_temperature  # the model's annealed default (temperature.py)
         if path == "/v1/chat/completions":
             request["logprobs"] = True
             request.setdefault("return_token_ids", True)
