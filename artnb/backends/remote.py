@@ -31,7 +31,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -61,7 +61,7 @@ from ..core.wire import (
 )
 from .art_spellings import ArtTrainSpellings
 from .engine_transport import EngineDiedError
-from .s3 import BUCKET_ENV, S3SyncError, SyncReport
+from .s3 import BUCKET_ENV, S3SyncError, SyncReport, one_step
 from .train_step import PHASES
 
 
@@ -325,16 +325,19 @@ class RemoteBackend(ArtTrainSpellings):
     async def _experimental_pull_from_s3(
         self,
         model: Model,
-        step: int | None = None,
+        step: int | Literal["latest"] | None = None,
         s3_bucket: str | None = None,
         prefix: str | None = None,
         verbose: bool = False,
         delete: bool = False,
+        *,
+        only_step: int | Literal["latest"] | None = None,
+        latest_only: bool = False,
     ) -> SyncReport:
         """`LocalBackend._experimental_pull_from_s3` on the server (before `model.register(backend)`), then the
         pulled history and trajectories are mirrored here."""
         options = {
-            "step": step,
+            "step": one_step(step, only_step, latest_only),
             "s3_bucket": s3_bucket or os.environ.get(BUCKET_ENV),
             "prefix": prefix,
             "delete": delete,

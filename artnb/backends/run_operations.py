@@ -112,7 +112,7 @@ async def pull_from_s3(
     s3_bucket: str | None,
     prefix: str | None,
     *,
-    step: int | None,
+    step: int | Literal["latest"] | None,
     verbose: bool,
     delete: bool,
 ) -> s3.SyncReport:
@@ -215,17 +215,22 @@ class RunOperations:
     async def _experimental_pull_from_s3(
         self,
         model: Model,
-        step: int | None = None,
+        step: int | Literal["latest"] | None = None,
         s3_bucket: str | None = None,
         prefix: str | None = None,
         verbose: bool = False,
         delete: bool = False,
+        *,
+        only_step: int | Literal["latest"] | None = None,
+        latest_only: bool = False,
     ) -> s3.SyncReport:
         """Download the model's run from S3 into this backend's path, before `model.register(backend)` (as in
-        ART's scripts): every complete step (or only `step`), history and trajectories. Each step arrives whole
-        (temp directory, then rename); steps whose weights never reached the bucket are ignored. A local step or
-        history that differs from the bucket's is an error unless `delete=True`, which makes the local run the
-        bucket's copy."""
+        ART's scripts): every complete step, history and trajectories; or one checkpoint alone: `only_step` (a
+        step, or "latest" for the newest; ART's newer name for `step`), `latest_only=True` as "latest". Each step
+        arrives whole (temp directory, then rename); steps whose weights never reached the bucket are ignored. A
+        local step or history that differs from the bucket's is an error unless `delete=True`, which makes the
+        local run the bucket's copy."""
+        wanted = s3.one_step(step, only_step, latest_only)
         if self.served_model(model) is not None:
             raise RuntimeError(
                 f"{model.project}/{model.name} is registered and serving on this backend: pull before "
@@ -234,7 +239,7 @@ class RunOperations:
             )
         store = RunStore(self.path, model.project, model.name)
         return await pull_from_s3(
-            store, self.as_writer, s3_bucket, prefix, step=step, verbose=verbose, delete=delete
+            store, self.as_writer, s3_bucket, prefix, step=wanted, verbose=verbose, delete=delete
         )
 
     async def delete_checkpoints(

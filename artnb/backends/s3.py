@@ -28,7 +28,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
@@ -247,24 +247,48 @@ def _delete(client: Any, bucket: str, keys: list[str]) -> None:
 
 
 # pull ---------------------------------------------------------------------------------------------------
+def one_step(
+    step: int | Literal["latest"] | None, only_step: int | Literal["latest"] | None, latest_only: bool
+) -> int | Literal["latest"] | None:
+    """The one step a pull asks for, however ART spelled it (`step`, then `only_step`, `latest_only`), or None
+    for all; a ValueError when two spellings disagree."""
+    asked = {("step", step), ("only_step", only_step), ("latest_only", "latest" if latest_only else None)}
+    asked = {(name, value) for name, value in asked if value is not None}
+    if len({value for _, value in asked}) > 1:
+        said = ", ".join(f"{name}={value!r}" for name, value in sorted(asked))
+        raise ValueError(
+            f"_experimental_pull_from_s3({said}): these ask for different steps; pass one of them"
+        )
+    if only_step is not None and only_step != "latest" and not isinstance(only_step, int):
+        raise ValueError(f"only_step={only_step!r}: a step number or 'latest'")
+    return next((value for _, value in asked), None)
+
+
 def pull(
     store: RunStore,
     bucket: str,
     prefix: str | None = None,
     *,
-    step: int | None = None,
+    step: int | Literal["latest"] | None = None,
     not_after_step: int | None = None,
     delete: bool = False,
     verbose: bool = False,
     client: Any = None,
 ) -> SyncReport:
-    """Download the bucket's complete steps (or only `step`, or the newest not after `not_after_step`) and the
-    run's other files into `store`. The caller must be the run's writer (hold its lock)."""
+    """Download the bucket's complete steps (or only `step`, "latest" for the newest, or the newest not after
+    `not_after_step`) and the run's other files into `store`. The caller must be the run's writer (hold its
+    lock)."""
     client = client or s3_client()
     root = s3_prefix(store.project, store.name, prefix)
     remote = _remote_objects(client, bucket, root)
     complete, partial = _complete_steps(store, remote)
     report = SyncReport(ignored_partial_steps=partial)
+    if step == "latest":
+        if not complete:
+            raise FileNotFoundError(
+                f"no complete step of {store.project}/{store.name} in s3://{bucket}/{root}: nothing to pull"
+            )
+        step = complete[-1]
     wanted = complete
     if step is not None or not_after_step is not None:
         if step is not None and step not in complete:

@@ -187,6 +187,16 @@ async def test_push_pull_into_a_fresh_directory_and_train_on(s3_server, tmp_path
     await backend._experimental_pull_from_s3(model, s3_bucket=BUCKET, prefix="team", delete=True)
     assert here.steps() == there.steps() and here.history().equals(there.history())
 
+    # ART's newer spelling of a one-step pull: only the newest checkpoint, nothing else of the run
+    newest = art.LocalBackend(path=tmp_path / "newest", engine="hf")
+    latest = await newest._experimental_pull_from_s3(
+        same, s3_bucket=BUCKET, prefix="team", only_step="latest"
+    )
+    assert latest.steps == [there.steps()[-1]] == RunStore(tmp_path / "newest", "roundtrip", "agent").steps()
+    assert not RunStore(tmp_path / "newest", "roundtrip", "agent").history_path.exists()
+    with pytest.raises(ValueError, match=r"only_step=1, step=2\): these ask for different steps"):
+        await newest._experimental_pull_from_s3(same, s3_bucket=BUCKET, prefix="team", step=2, only_step=1)
+
     with pytest.raises(ValueError, match="BACKUP_BUCKET"):
         await backend._experimental_push_to_s3(model)
     with pytest.raises(s3.S3SyncError, match="does not exist"):
@@ -318,6 +328,8 @@ async def test_a_remote_backend_pulls_and_pushes_on_the_server(s3_server, tmp_pa
     try:
         backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path / "mirror")
         model = art.TrainableModel(name="agent", project="remote", base_model=BASE)
+        newest = await backend._experimental_pull_from_s3(model, s3_bucket=BUCKET, only_step="latest")
+        assert newest.steps == [1] == RunStore(server.path, "remote", "agent").steps()  # ART's one-step pull
         os.environ["BACKUP_BUCKET"] = BUCKET  # ART's default bucket, read in the notebook
         try:
             report = await backend._experimental_pull_from_s3(model)
