@@ -7,8 +7,9 @@
 
 Submodules, imported by path as in ART: `artnb.utils.litellm` (`convert_litellm_choice_to_openai`),
 `artnb.utils.output_dirs` (run-directory paths), `artnb.utils.benchmarking` (load_trajectories and charts,
-plotly and pandas), `artnb.utils.logging` (`info, ok, step, warn, err`). They are not imported here, so
-`import artnb` stays free of plotly.
+plotly and pandas), `artnb.utils.logging` (`info, ok, step, warn, err`), `artnb.utils.get_trajectory_messages`,
+`artnb.utils.get_repo_root_path`, `artnb.utils.benchmark_rollout` and `artnb.utils.s3` (`pull_model_from_s3`).
+They are not imported here, so `import artnb` stays free of plotly.
 """
 
 from ..core.gather import retry

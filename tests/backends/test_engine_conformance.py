@@ -312,6 +312,53 @@ async def test_a_default_temperature_is_what_requests_that_name_none_sample_at(e
     assert (await served.stats())["default_temperature"] in (None, 1.0)  # vLLM's own / the HF engine's 1
 
 
+def teacher(content: str | None, call: tuple[str, dict] | None = None) -> ChatCompletion:
+    """A teacher model's completion (another model's, in ART's distillation example), as the SDK types it."""
+    message: dict = {"role": "assistant", "content": content}
+    if call is not None:
+        function = {"name": call[0], "arguments": json.dumps(call[1])}
+        message["tool_calls"] = [{"id": "call_1", "type": "function", "function": function}]
+    return ChatCompletion.model_validate(
+        {
+            "id": "teacher",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "teacher",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+        }
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_guided_completion_params_make_the_student_answer_as_the_teacher(clients, engine):
+    """`art.guided_completion.get_guided_completion_params`: the student, sampling freely (temperature 1), gives
+    the teacher's tool call with the teacher's arguments, and the teacher's text word for word."""
+    from artnb.guided_completion import get_guided_completion_params
+
+    client = clients[engine]
+    _, tool_choice, tools = get_guided_completion_params(
+        teacher(None, ("get_weather", {"city": "Lyon"})), base_tools=[WEATHER, TIME]
+    )
+    call = (
+        (
+            await client.chat.completions.create(
+                model="base", messages=ASK_WEATHER, tools=tools, tool_choice=tool_choice, max_tokens=80
+            )
+        )
+        .choices[0]
+        .message.tool_calls[0]
+    )
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Lyon"})
+    text = "It is sunny in Lyon."
+    guided_choice, _, _ = get_guided_completion_params(teacher(text))
+    reply = await client.chat.completions.create(
+        model="base", messages=ASK_WEATHER, max_tokens=20, extra_body={"guided_choice": guided_choice}
+    )
+    assert reply.choices[0].message.content == text
+    with pytest.raises(ValueError, match=r"the teacher called 'get_news', which base_tools does not hold"):
+        get_guided_completion_params(teacher(None, ("get_news", {})), base_tools=[WEATHER])
+
+
 async def test_penalties_mean_the_same_on_both_engines(clients):
     """Greedy decoding with presence and frequency penalties picks the same tokens on both engines."""
     request = dict(

@@ -29,6 +29,7 @@ from artnb.backends import s3
 from artnb.backends.remote import RemoteBackend
 from artnb.core.store import RunStore
 from artnb.models import tiny
+from artnb.utils.s3 import pull_model_from_s3
 
 BASE = tiny(hidden_size=64, num_layers=2, seed=1)
 BUCKET = "runs"
@@ -196,6 +197,13 @@ async def test_push_pull_into_a_fresh_directory_and_train_on(s3_server, tmp_path
     assert not RunStore(tmp_path / "newest", "roundtrip", "agent").history_path.exists()
     with pytest.raises(ValueError, match=r"only_step=1, step=2\): these ask for different steps"):
         await newest._experimental_pull_from_s3(same, s3_bucket=BUCKET, prefix="team", step=2, only_step=1)
+
+    # ART's benchmark notebooks pull a run with no backend, then read its trajectories
+    run_dir = await pull_model_from_s3(
+        "agent", "roundtrip", s3_bucket=BUCKET, prefix="team", art_path=str(tmp_path / "bench")
+    )
+    assert run_dir == str(RunStore(tmp_path / "bench", "roundtrip", "agent").dir)
+    assert RunStore(tmp_path / "bench", "roundtrip", "agent").history().equals(there.history())
 
     with pytest.raises(ValueError, match="BACKUP_BUCKET"):
         await backend._experimental_push_to_s3(model)

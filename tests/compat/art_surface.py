@@ -139,6 +139,21 @@ SURFACE: list[tuple[str, str, str, str]] = [
     ("artnb.utils.benchmarking.types", "BenchmarkModelKey", "same", ""),
     ("artnb.utils.logging", "info", "same", ""),
     (
+        "artnb.utils.get_trajectory_messages",
+        "get_trajectory_messages",
+        "same",
+        "Trajectory.messages(); keeps an assistant turn's tool calls (ART keeps its text only)",
+    ),
+    (
+        "artnb.utils.get_repo_root_path",
+        "get_repo_root_path",
+        "mapped",
+        "the working directory's git repository",
+    ),
+    ("artnb.utils.benchmark_rollout", "benchmark_rollout", "same", ""),
+    ("artnb.utils.s3", "pull_model_from_s3", "mapped", "LocalBackend's pull: boto3, whole steps, no AWS CLI"),
+    ("artnb.guided_completion", "get_guided_completion_params", "same", "both engines honour the params"),
+    (
         "artnb.utils.sft",
         "train_sft_from_file",
         "same",

@@ -1,0 +1,36 @@
+"""`art.utils.s3.pull_model_from_s3`: ART's function for fetching a run from S3 without a backend, as its
+benchmark notebooks do before loading trajectories. The copy is LocalBackend's pull (backends/s3.py): whole
+steps only, boto3, no AWS CLI needed."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .output_dirs import DEFAULT_ART_PATH
+
+
+async def pull_model_from_s3(
+    model_name: str,
+    project: str,
+    step: int | Literal["latest"] | None = None,
+    s3_bucket: str | None = None,
+    prefix: str | None = None,
+    verbose: bool = False,
+    delete: bool = False,
+    art_path: str | None = None,
+) -> str:
+    """Download run `project/model_name` from `s3_bucket` (default $BACKUP_BUCKET) into `art_path` (default
+    ./.art): every complete step with the history and trajectories, or only checkpoint `step` ("latest": the
+    newest). `delete=True` replaces a local run that differs from the bucket's. Returns the run directory."""
+    from ..backends.local import LocalBackend
+    from ..core.model import Model
+
+    backend = LocalBackend(path=art_path or DEFAULT_ART_PATH)
+    try:
+        model = Model(name=model_name, project=project)
+        await backend._experimental_pull_from_s3(
+            model, step=step, s3_bucket=s3_bucket, prefix=prefix, verbose=verbose, delete=delete
+        )
+    finally:
+        await backend.close()
+    return str(backend.path / project / "models" / model_name)
