@@ -23,14 +23,15 @@ async def pull_model_from_s3(
     ./.art): every complete step with the history and trajectories, or only checkpoint `step` ("latest": the
     newest). `delete=True` replaces a local run that differs from the bucket's. Returns the run directory."""
     from ..backends.local import LocalBackend
-    from ..core.model import Model
+    from ..backends.run_operations import pull_from_s3
+    from ..core.store import RunStore
 
-    backend = LocalBackend(path=art_path or DEFAULT_ART_PATH)
+    backend = LocalBackend(path=art_path or DEFAULT_ART_PATH)  # serves nothing: it only takes the run's lock
+    store = RunStore(backend.path, project, model_name)
     try:
-        model = Model(name=model_name, project=project)
-        await backend._experimental_pull_from_s3(
-            model, step=step, s3_bucket=s3_bucket, prefix=prefix, verbose=verbose, delete=delete
+        await pull_from_s3(
+            store, backend.as_writer, s3_bucket, prefix, step=step, verbose=verbose, delete=delete
         )
     finally:
         await backend.close()
-    return str(backend.path / project / "models" / model_name)
+    return str(store.dir)

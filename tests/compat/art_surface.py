@@ -153,6 +153,9 @@ SURFACE: list[tuple[str, str, str, str]] = [
     ("artnb.utils.benchmark_rollout", "benchmark_rollout", "same", ""),
     ("artnb.utils.s3", "pull_model_from_s3", "mapped", "LocalBackend's pull: boto3, whole steps, no AWS CLI"),
     ("artnb.guided_completion", "get_guided_completion_params", "same", "both engines honour the params"),
+    ("artnb.gather", "GatherContext", "same", "a bar the caller makes, running means, exception budget"),
+    ("artnb.gather", "set_gather_context", "same", ""),
+    ("artnb.gather", "wrap_group_awaitable", "same", "a group or any sequence of trajectories"),
     (
         "artnb.utils.sft",
         "train_sft_from_file",
