@@ -110,39 +110,43 @@ async def wrap_group_awaitable(awaitable: Awaitable[Any]) -> Any:
     """Await one rollout's result: a TrajectoryGroup or a sequence of trajectories (returned as it came). Its
     trajectories go into the current context's means and onto its bar; a failure is counted and, within the
     budget, gives None (else it is raised)."""
-    context = get_gather_context()
-    try:
-        result = await awaitable
-    except Exception:
-        context.exceptions += 1
-        context.update_pbar(0)
-        if context.too_many_exceptions():
-            raise
+    result, error = await _counted(awaitable)
+    if error is not None:
         return None
-    trajectories = _trajectories(result)
-    for trajectory in trajectories:
-        context.record(trajectory)
-    context.update_pbar(len(trajectories))
+    trajectories = _record(_trajectories(result))
+    get_gather_context().update_pbar(len(trajectories))
     return result
 
 
 async def wrap_trajectories_awaitable(awaitable: Awaitable[Any]) -> Any:
     """Await one rollout's trajectory (or trajectories), counted as one on the bar; a failure within the budget
     is returned as the exception (else raised)."""
+    result, error = await _counted(awaitable)
+    if error is not None:
+        return error
+    trajectories = _record(_trajectories(result))
+    get_gather_context().update_pbar(1)
+    return result if isinstance(result, Trajectory) else trajectories
+
+
+async def _counted(awaitable: Awaitable[Any]) -> tuple[Any, Exception | None]:
+    """(result, None), or (None, the failure) for a failure within the current context's budget."""
     context = get_gather_context()
     try:
-        result = await awaitable
+        return await awaitable, None
     except Exception as error:
         context.exceptions += 1
         context.update_pbar(0)
         if context.too_many_exceptions():
             raise
-        return error
-    trajectories = _trajectories(result)
+        return None, error
+
+
+def _record(trajectories: list[Trajectory]) -> list[Trajectory]:
+    context = get_gather_context()
     for trajectory in trajectories:
         context.record(trajectory)
-    context.update_pbar(1)
-    return result if isinstance(result, Trajectory) else trajectories
+    return trajectories
 
 
 def _trajectories(result: Any) -> list[Trajectory]:

@@ -9,7 +9,7 @@ import pytest
 import tqdm
 
 import artnb as art
-from artnb.gather import GatherContext, set_gather_context, wrap_group_awaitable
+from artnb.gather import GatherContext, set_gather_context, wrap_group_awaitable, wrap_trajectories_awaitable
 
 
 async def gather_by_seat(
@@ -67,3 +67,20 @@ async def test_failures_within_the_budget_are_dropped_and_beyond_it_raised():
             return {"reward": 1}
 
         await gather_by_seat([not_trajectories()])
+
+
+async def test_wrap_trajectories_awaitable_counts_each_rollout_once_and_returns_a_tolerated_failure():
+    async def one(i: int) -> art.Trajectory:
+        if i == 1:
+            raise ValueError("rollout 1 failed")
+        return art.Trajectory(messages_and_choices=[], reward=float(i))
+
+    context = GatherContext(pbar=tqdm.tqdm(total=3), max_exceptions=1)
+    with set_gather_context(context):
+        results = await asyncio.gather(*[wrap_trajectories_awaitable(one(i)) for i in range(3)])
+    assert [r.reward if isinstance(r, art.Trajectory) else str(r) for r in results] == [
+        0.0,
+        "rollout 1 failed",
+        2.0,
+    ]
+    assert context.pbar.n == 2 and context.exceptions == 1 and "reward=1" in context.pbar.postfix
