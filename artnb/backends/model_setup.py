@@ -20,7 +20,7 @@ from ..core.ignored import warn_user
 from ..core.model import TrainableModel
 from ..dev.settings import InternalSettings, resolve_internal_config
 from .gpu_presets import GPUPreset
-from .placement import FSDP_CONTROL_ENV, Placement, dedicated_placement, weight_bytes
+from .placement import FSDP_CONTROL_ENV, Placement, dedicated_placement, local_gpus, weight_bytes
 
 
 def model_settings(
@@ -115,10 +115,6 @@ def _dedicated(
     base_path: str,
     gpus: tuple[int, int] | None,
 ) -> Placement:
-    if gpus is None:
-        import torch
-
-        gpus = (torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory)
     assert settings.dedicated_gpus is not None
     train, serve = settings.dedicated_gpus
     in_process = requested != "fsdp"
@@ -127,7 +123,7 @@ def _dedicated(
             f"artnb: _internal_config trainer_gpu_ids={list(train)}: the {requested!r} trainer trains in this "
             "process, on GPU 0 alone; LocalBackend(trainer='fsdp') trains on all of them (a rank each)"
         )
-    count, gpu_bytes = gpus  # as in plan_placement, the GPUs are taken to be alike
+    count, gpu_bytes = gpus or local_gpus()  # as in plan_placement, the GPUs are taken to be alike
     return dedicated_placement(
         train,
         serve,

@@ -54,17 +54,11 @@ class Placement:
         """vLLM's flags for this placement (engine_options' extra_args). Split: no sleep mode, since the trainer
         does not use vLLM's GPUs (VLLMEngine.hold then only holds requests; it does not sleep), and vLLM's own
         default memory share instead of the one that leaves room for a trainer."""
-        return [
-            "--tensor-parallel-size",
-            str(self.tensor_parallel_size),
-            "--data-parallel-size",
-            str(self.data_parallel_size),
-            *(
-                []
-                if self.colocated
-                else ["--no-enable-sleep-mode", "--gpu-memory-utilization", str(SPLIT_MEMORY_SHARE)]
-            ),
-        ]
+        args = ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        args += ["--data-parallel-size", str(self.data_parallel_size)]
+        if not self.colocated:
+            args += ["--no-enable-sleep-mode", "--gpu-memory-utilization", str(SPLIT_MEMORY_SHARE)]
+        return args
 
     def vllm_env(self, parent: str | None) -> dict[str, str]:
         """Split: CUDA_VISIBLE_DEVICES for vLLM's process, the serving GPUs (`parent`: this process's
@@ -211,3 +205,13 @@ def visible_devices(gpus: Sequence[int], parent: str | None) -> str:
 def weight_bytes(model_path: str | Path) -> int:
     """The size of a model directory's weights (its safetensors files), what placing it goes by."""
     return sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
+
+
+def local_gpus(device: str = "auto") -> tuple[int, int]:
+    """(count, bytes each) of the CUDA GPUs this process sees, the first one's size for all; (0, 1) without CUDA
+    or with `device="cpu"`. torch is imported here only, so that this module stays importable without it."""
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return 0, 1
+    return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory

@@ -206,9 +206,8 @@ class RemoteBackend(ArtTrainSpellings):
             await self._check_server()
             await self._register_on_server(model)
             if isinstance(model, TrainableModel) and model.default_temperature is not None:
-                await self.set_default_temperature(
-                    model, model.default_temperature
-                )  # the server forgot it too
+                # the server forgot the model's default temperature too
+                await self.set_default_temperature(model, model.default_temperature)
 
     def _registered(self, model: Model) -> Model:
         if self._models.get((model.project, model.name)) is None:

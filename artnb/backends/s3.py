@@ -252,16 +252,16 @@ def one_step(
 ) -> int | Literal["latest"] | None:
     """The one step a pull asks for, however ART spelled it (`step`, then `only_step`, `latest_only`), or None
     for all; a ValueError when two spellings disagree."""
-    asked = {("step", step), ("only_step", only_step), ("latest_only", "latest" if latest_only else None)}
-    asked = {(name, value) for name, value in asked if value is not None}
-    if len({value for _, value in asked}) > 1:
-        said = ", ".join(f"{name}={value!r}" for name, value in sorted(asked))
+    spellings = {"only_step": only_step, "step": step, "latest_only": "latest" if latest_only else None}
+    asked = {name: value for name, value in spellings.items() if value is not None}
+    if len(set(asked.values())) > 1:
+        said = ", ".join(f"{name}={value!r}" for name, value in asked.items())
         raise ValueError(
             f"_experimental_pull_from_s3({said}): these ask for different steps; pass one of them"
         )
     if only_step is not None and only_step != "latest" and not isinstance(only_step, int):
         raise ValueError(f"only_step={only_step!r}: a step number or 'latest'")
-    return next((value for _, value in asked), None)
+    return next(iter(asked.values()), None)
 
 
 def pull(

@@ -47,13 +47,12 @@ from ...core.tokenize import TokenizedSequence
 from ..cpu_threads import cpu_threads
 from ..placement import FSDP_AUTHKEY_ENV as AUTHKEY_ENV
 from ..placement import FSDP_CONTROL_ENV as CONTROL_ENV
-from ..placement import Placement, plan_placement, visible_devices, weight_bytes
+from ..placement import Placement, local_gpus, plan_placement, visible_devices, weight_bytes
 from .peft_trainer import context_length, grpo_sequences, sft_sequences
 
 _POLL_S = 0.1  # how often a waiting call checks that every rank is still there
-_START_TIMEOUT_S = (
-    600.0  # until rank 0 answers: the ranks start and import torch (attached: torchrun's may be later)
-)
+# until rank 0 answers: the ranks start and import torch (attached: torchrun's may start later)
+_START_TIMEOUT_S = 600.0
 _LOG_TAIL_LINES = 20
 
 
@@ -271,13 +270,7 @@ def local_placement(
     """plan_placement for this machine's GPUs (none when `config.device` is "cpu") and the model's weight files,
     split when `config.placement` is "split". `gpus`: (count, bytes each) of another machine instead, e.g. to
     see on a laptop where a model would go on 8 H100s."""
-    if gpus is None:
-        import torch
-
-        gpus = (0, 1)
-        if config.device != "cpu" and torch.cuda.is_available():
-            gpus = (torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory)
-    count, gpu_bytes = gpus
+    count, gpu_bytes = gpus or local_gpus(config.device)
     return plan_placement(count, weight_bytes(base_model_path), gpu_bytes, split=config.placement == "split")
 
 
