@@ -3,7 +3,13 @@
 N chat requests sent in parallel through the OpenAI client to the HF engine against one `generate` call on
 the same N prompts, both sampling 64 tokens at temperature 1 (EOS masked until then, so both do the same
 work). Runs are interleaved and the best of `--repeats` is kept, because a shared CPU makes single runs noisy.
-The engine runs with OMP_WAIT_POLICY=PASSIVE (HFEngine's default), `generate` with this process's setting.
+The engine always runs with OpenMP's PASSIVE wait policy (HFEngine's default: its threads sleep between
+parallel regions, so a trainer or notebook beside it keeps the cores). `--generate-omp` picks `generate`'s:
+- `same` (default): PASSIVE too, set before torch loads libgomp, so the ratio measures the serving code alone.
+- `libgomp`: this process's own setting (libgomp spins a while before sleeping), so the ratio is what a
+  user sees against a hand-written `generate`: PASSIVE costs a wake-up per parallel region. On this 2-core
+  CPU that is 0.81x at 8 on the embedded model against 1.10x under `same` (stop 41's note).
+  ACTIVE for both makes each process spin while the other computes: meaningful only with spare cores.
 
 - `--model embedded` (default; batches 8 and 1): the embedded SmolLM2-135M. Target: the engine >= 0.9x
   `generate` at 8: HTTP, scheduling, sampling and logprobs all fit in the other 10%.
@@ -12,6 +18,7 @@ The engine runs with OMP_WAIT_POLICY=PASSIVE (HFEngine's default), `generate` wi
   >= 0.95x `generate` at 64 parallel.
 
     python benchmarks/engine_batching.py [--model embedded|tiny] [--batches 8,1] [--repeats 3] [--tokens 64]
+        [--generate-omp same|libgomp]
 """
 
 from __future__ import annotations
@@ -24,9 +31,24 @@ import tempfile
 import time
 from pathlib import Path
 
-import openai
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--model", choices=["embedded", "tiny"], default="embedded")
+    parser.add_argument("--batches", help="parallel requests, comma-separated (embedded: 8,1; tiny: 64,8)")
+    parser.add_argument("--generate-omp", choices=["same", "libgomp"], default="same")
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+if ARGS.generate_omp == "same":
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch loads libgomp, which reads it once
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
@@ -100,19 +122,19 @@ async def engine_tokens_per_s(client: openai.AsyncOpenAI, batch: int, tokens: in
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--model", choices=["embedded", "tiny"], default="embedded")
-    parser.add_argument("--batches", help="parallel requests, comma-separated (embedded: 8,1; tiny: 64,8)")
-    args = parser.parse_args()
+    args = ARGS
     batches = [int(b) for b in (args.batches or ("8,1" if args.model == "embedded" else "64,8")).split(",")]
     load_before = os.getloadavg()[0]
     path = str(embedded_model_path()) if args.model == "embedded" else tiny()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = HFEngine(
-        path, "smol", tempfile.mkdtemp(prefix="artnb-bench-"), device="cpu", max_batch_size=max(batches)
+        path,
+        "smol",
+        tempfile.mkdtemp(prefix="artnb-bench-"),
+        device="cpu",
+        max_batch_size=max(batches),
+        omp_wait_policy="passive",
     )
     await engine.start()
     client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
@@ -132,7 +154,8 @@ async def main() -> None:
         await engine.stop()
     print(
         f"\nmodel {args.model}: {args.tokens} new tokens per request, temperature 1, best of {args.repeats}, "
-        f"torch threads {torch.get_num_threads()}"
+        f"torch threads {torch.get_num_threads()}, engine OMP_WAIT_POLICY=PASSIVE, "
+        f"generate's {os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp spins, then sleeps)')}"
     )
     print(
         f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes skew results)"
