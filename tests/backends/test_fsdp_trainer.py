@@ -46,6 +46,13 @@ def lora_weights(trainer: Trainer, path) -> dict[str, torch.Tensor]:
     return load_file(path / "adapter_model.safetensors")
 
 
+# How far two trainers' LoRA weights may differ after the same steps at learning rate 1e-2. Adam's first step
+# moves a weight by lr * g / (|g| + eps): for a gradient near 0 that is 1e6 times the gradient's own rounding, and
+# summing in another order (two ranks, gloo) changes that rounding. Seen: 2e-7 to 5e-6, once just over 1e-5. A real
+# error flips some update's sign (a difference of ~lr) or shows in the loss and grad_norm compared beside it.
+LORA_TOLERANCE = 1e-4
+
+
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
@@ -99,7 +106,7 @@ def test_one_grpo_step_equals_the_single_process_one(tiny, fsdp, tmp_path, optio
         assert ours[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-7), name
     diff = max_abs_diff(lora_weights(fsdp, tmp_path / "fsdp"), lora_weights(peft, tmp_path / "peft"))
     print(f"GRPO {options}: max |LoRA(2 ranks) - LoRA(1 process)| = {diff:.3g}")
-    assert diff < 1e-5
+    assert diff < LORA_TOLERANCE
 
 
 def test_one_sft_step_equals_the_single_process_one(tiny, fsdp, tmp_path):
@@ -111,7 +118,7 @@ def test_one_sft_step_equals_the_single_process_one(tiny, fsdp, tmp_path):
     assert ours["num_micro_batches"] == theirs["num_micro_batches"] == 3
     diff = max_abs_diff(lora_weights(fsdp, tmp_path / "fsdp"), lora_weights(peft, tmp_path / "peft"))
     print(f"SFT: max |LoRA(2 ranks) - LoRA(1 process)| = {diff:.3g}")
-    assert diff < 1e-5
+    assert diff < LORA_TOLERANCE
 
 
 def test_resume_from_2_ranks_to_1_process_and_back(tiny, fsdp, tmp_path):
@@ -128,7 +135,10 @@ def test_resume_from_2_ranks_to_1_process_and_back(tiny, fsdp, tmp_path):
     fsdp.load_checkpoint(tmp_path / "from1")  # 1 -> 2
     fsdp.train(make_sequences(4, seed=7), config)
     single.train(make_sequences(4, seed=7), config, progress=False)
-    assert max_abs_diff(lora_weights(fsdp, tmp_path / "a"), lora_weights(single, tmp_path / "b")) < 1e-5
+    assert (
+        max_abs_diff(lora_weights(fsdp, tmp_path / "a"), lora_weights(single, tmp_path / "b"))
+        < LORA_TOLERANCE
+    )
     saved = torch.load(tmp_path / "a" / "optimizer.pt", weights_only=True)
     assert len(saved["state"]) == sum(p.requires_grad for p in single.model.parameters())
 
@@ -154,7 +164,10 @@ def test_a_rank_killed_mid_step_fails_the_step_and_the_next_step_trains(tiny, fs
     fsdp.train(sequences, config)
     assert len(fsdp.rank_pids()) == 2 and victim not in fsdp.rank_pids()
     peft.train(sequences, config, progress=False)
-    assert max_abs_diff(lora_weights(fsdp, tmp_path / "fsdp"), lora_weights(peft, tmp_path / "peft")) < 1e-5
+    assert (
+        max_abs_diff(lora_weights(fsdp, tmp_path / "fsdp"), lora_weights(peft, tmp_path / "peft"))
+        < LORA_TOLERANCE
+    )
 
 
 def test_bad_batches_and_checkpoints_raise_here_and_the_ranks_live_on(fsdp, tmp_path):
