@@ -78,6 +78,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help='engine settings as a JSON object, e.g. \'{"extra_args": ["--max-model-len", "4096"]}\'',
     )
     serve.add_argument(
+        "--gpu-cost-per-hour-usd",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="the machine's price per hour: each step's history row gets costs/gpu/usd (ART's keyword)",
+    )
+    serve.add_argument(
         "--max-request-bytes",
         type=int,
         default=DEFAULT_MAX_REQUEST_BYTES,
@@ -87,6 +94,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .backends.machine_bill import HourlyBill
     from .backends.server import API_KEY_ENV, check_bind, serve
 
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -99,6 +107,8 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             check_placement(
                 args.trainer, trainer_config, f"--trainer-config {json.dumps(args.trainer_config)}"
             )
+        if args.gpu_cost_per_hour_usd is not None:
+            HourlyBill(args.gpu_cost_per_hour_usd)  # a bad price fails before the server listens
     except ValueError as error:
         parser.exit(2, f"artnb serve: {error}\n")
     serve(
@@ -111,6 +121,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         trainer_config=trainer_config,
         max_request_bytes=args.max_request_bytes,
         engine_options=args.engine_options,
+        gpu_cost_per_hour_usd=args.gpu_cost_per_hour_usd,
     )
 
 

@@ -42,6 +42,7 @@ from .art_spellings import ArtTrainSpellings
 from .engine_launch import EngineKind, EngineLauncher, on_cuda
 from .engine_transport import EngineTransport
 from .gpu_presets import GPUPreset
+from .machine_bill import HourlyBill
 from .model_setup import apply_placement, model_settings, trainer_and_tokenizer
 from .placement import Placement
 from .run_operations import RunOperations
@@ -75,6 +76,10 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
       `_internal_config` overrides its fields, and `engine_options` override its vLLM flags. Nothing on a CPU.
     engine_options: keyword arguments for the engine, e.g. for vLLM `{"extra_args": ["--max-model-len",
       "4096"], "max_loras": 2}` (see VLLMEngine), for the HF engine `{"max_batch_size": 16}` (see HFEngine).
+    gpu_cost_per_hour_usd: the machine's price in dollars per hour (ART's keyword). Each committed step's history
+      row then has `costs/gpu/usd`: the time since the previous step (or since this backend was made) at that
+      price, beside the judges' spend in `model.history()`, W&B and Trackio (backends/machine_bill.py). None: no
+      machine cost.
     low_memory: for ~2 GB of RAM (Binder); None reads `ARTNB_LOW_MEMORY=1`, which Binder's start script sets. Then
       "auto" picks the HF engine (vLLM does not fit) with at most 8 rows per batch, and the default trainer config
       recomputes activations (gradient checkpointing). What is passed explicitly is used as given.
@@ -98,8 +103,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
                 "LocalBackend(in_process=True)",
                 "the trainer always runs in this process and each engine in a child process tied to it",
             )
-        if gpu_cost_per_hour_usd is not None:
-            report_ignored("LocalBackend(gpu_cost_per_hour_usd=...)", "cost tracking is not integrated yet")
+        self.bill = HourlyBill(gpu_cost_per_hour_usd) if gpu_cost_per_hour_usd is not None else None
         if path is None:  # ART's default looks for the installed package's repository root; here it is ./.art
             path = "./.art"
         _check_trainer(trainer)
@@ -246,7 +250,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
             step = store.latest_step()
             served = ServedModel(
                 model, base_path, store, run_lock, engine, trainer, tokenizer, step or 0, settings,
-                start_engine, thread,
+                start_engine, thread, bill=self.bill,
             )  # fmt: skip
             if step is None:
                 # base_model is a LoRA adapter directory (e.g. RL after SFT): the run starts from its weights

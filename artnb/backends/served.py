@@ -28,6 +28,7 @@ from ..core.contracts import Engine, Trainer
 from ..core.model import TrainableModel
 from ..core.store import RunLock, RunStore
 from ..dev.settings import InternalSettings
+from .machine_bill import HourlyBill
 
 log = logging.getLogger("artnb")
 
@@ -52,6 +53,9 @@ class ServedModel:
     trainer_thread: ThreadPoolExecutor
     serving_step: int | None = None  # the step whose adapter the engine serves as the plain name
     default_temperature: float | None = None  # for requests that name none (core/temperature.py); None: 1
+    bill: HourlyBill | None = (
+        None  # the backend's machine price, billed into each step's row (machine_bill.py)
+    )
     step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step (or run operation) at a time
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -577,6 +577,7 @@ def serve(
     engine_options: dict[str, Any] | None = None,
     trainer: str = "auto",
     trainer_config: TrainerConfig | None = None,
+    gpu_cost_per_hour_usd: float | None = None,
 ) -> None:
     """Serve a LocalBackend over `path` until interrupted (`artnb serve`). `api_key` None: $ARTNB_API_KEY."""
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -591,6 +592,7 @@ def serve(
         trainer=trainer,  # type: ignore[arg-type]
         trainer_config=trainer_config,
         engine_options=engine_options,
+        gpu_cost_per_hour_usd=gpu_cost_per_hour_usd,
     )
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))

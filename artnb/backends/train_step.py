@@ -42,6 +42,7 @@ from ..core.store import RunStore
 from ..core.tokenize import TokenizedBatch
 from ..core.trajectory import TrajectoryGroup
 from ..dev.settings import InternalSettings
+from .machine_bill import COST_KEY
 from .served import ServedModel
 from .step_kinds import step_kind
 
@@ -184,10 +185,14 @@ class TrainStep:
         served, step = self.served, self.step
         self._enter("commit")
         metrics[names.STEP_TRAIN_S] = time.monotonic() - self.started
+        if served.bill is not None:
+            metrics[COST_KEY] = served.bill.take()
         row = self._history_row(metrics)
         try:
             await served.on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         except Exception as error:
+            if served.bill is not None:
+                served.bill.give_back(metrics.pop(COST_KEY))
             if disk_full(error, served.store.dir):
                 raise DiskFullError(
                     f"the disk of the run directory {served.store.dir} is full ({error}): step {step} was not "

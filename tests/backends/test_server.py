@@ -138,16 +138,21 @@ def test_health_is_open_and_every_other_route_needs_the_key(server):
 
 
 @pytest.mark.parametrize(
-    "config, message",
+    "flags, message",
     [
-        ('{"placment": "split"}', "placment"),  # pydantic names the unknown field
-        ('["split"]', "give a JSON object of art.TrainerConfig fields"),
-        ('{"placement": "split"}', r"trainer='auto' is not the FSDP trainer: use .*trainer='fsdp'"),
+        (("--trainer-config", '{"placment": "split"}'), "placment"),  # pydantic names the unknown field
+        (("--trainer-config", '["split"]'), "give a JSON object of art.TrainerConfig fields"),
+        (
+            ("--trainer-config", '{"placement": "split"}'),
+            r"trainer='auto' is not the FSDP trainer: use .*trainer='fsdp'",
+        ),
+        (("--gpu-cost-per-hour-usd", "-2"), r"gpu_cost_per_hour_usd=-2.0: pass the machine's price"),
+        (("--gpu-cost-per-hour-usd", "nan"), r"gpu_cost_per_hour_usd=nan: .* a number >= 0"),
     ],
 )
-def test_a_bad_trainer_config_stops_artnb_serve_before_it_listens(tmp_path, config, message):
+def test_a_bad_setting_stops_artnb_serve_before_it_listens(tmp_path, flags, message):
     done = subprocess.run(
-        serve_command(tmp_path, free_port(), "--trainer-config", config),
+        serve_command(tmp_path, free_port(), *flags),
         capture_output=True,
         text=True,
         timeout=120,
