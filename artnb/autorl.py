@@ -32,7 +32,7 @@ import re
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -46,6 +46,10 @@ from .core.ruler import DEFAULT_RUBRIC, ruler_score_group
 from .core.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
+    import litellm
+    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.shared_params import ResponseFormatJSONSchema
+
     from .core.contracts import InProcessJudge
 
 MIN_TASK_CHARS = 8  # shorter is not a real request ("hi", "ok")
@@ -289,7 +293,7 @@ def _default_generator() -> str:
 
 def _generation_messages(
     task_description: str, k: int, kept: Sequence[Scenario], examples: Sequence[str]
-) -> list[dict[str, str]]:
+) -> list[ChatCompletionMessageParam]:
     system = (
         "You write realistic inputs for training an AI assistant on a task. An input is the message a user "
         "sends; the assistant will answer it. Write only inputs, never answers.\n\n"
@@ -327,7 +331,7 @@ def _batch_schema(k: int, *, max_chars: int | None) -> dict[str, Any]:
 
 async def _ask(
     generator: Model | str,
-    messages: list[dict[str, str]],
+    messages: list[ChatCompletionMessageParam],
     k: int,
     *,
     temperature: float,
@@ -339,7 +343,7 @@ async def _ask(
 ) -> str:
     """One request for `k` scenarios; the reply text (JSON, unless a hosted model ignored the schema)."""
     schema = _batch_schema(k, max_chars=max_task_chars if isinstance(generator, Model) else None)
-    response_format = {
+    response_format: ResponseFormatJSONSchema = {
         "type": "json_schema",
         "json_schema": {"name": "scenarios", "schema": schema, "strict": True},
     }
@@ -365,7 +369,7 @@ async def _ask(
             timeout=timeout_s,
             num_retries=0,
         )
-        completion = await asyncio.wait_for(call, timeout_s)
+        completion = cast("litellm.ModelResponse", await asyncio.wait_for(call, timeout_s))  # not streamed
         costs.record("autorl/scenarios", completion, model=generator)
     return completion.choices[0].message.content or ""
 
@@ -412,17 +416,18 @@ async def rollout(
     >>> traj = await rollout(model, Scenario(task="My parcel is late again!", difficulty=2),
     ...                      system_prompt=system_prompt_for("Reply kindly to a customer's complaint"))
     """
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": scenario.task},
+    ]
     traj = Trajectory(
-        messages_and_choices=[
-            {"role": "system", "content": system_prompt},
-            {"role": "user", "content": scenario.task},
-        ],
+        messages_and_choices=list(messages),
         reward=0.0,
         metadata={"scenario": scenario.task, "difficulty": scenario.difficulty},
     )
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(step),
-        messages=traj.messages(),
+        messages=messages,
         temperature=temperature,
         max_tokens=max_tokens,
     )

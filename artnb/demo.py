@@ -32,6 +32,7 @@ from html import escape as html_escape
 from pathlib import Path
 
 from . import models
+from .backends.engine_launch import EngineKind
 from .backends.local import LocalBackend
 from .core.compare import compare_rewards
 from .core.config import TrainConfig
@@ -66,7 +67,7 @@ class DemoConfig:
     project: str = "artnb-demo"
     report: str = "reports/demo.html"
     seed: int = 0
-    engine: str = "auto"
+    engine: EngineKind = "auto"
     ruler: bool = False  # train on RULER's scores of each group instead of the game's reward
     judge: str = ""  # with ruler: a litellm model ("openai/gpt-4o-mini", needs its key); "": art.LocalJudge()
     eval_games: int = 16  # held-out opponent seeds both models play at the end (0: skip)
@@ -166,7 +167,9 @@ async def run_demo(cfg: DemoConfig) -> list[dict]:
     if evaluation is not None:
         for mode, games in evaluation.groupby("mode", sort=False):
             fig = evaluation_figure(games, EVAL_METRICS)
-            fig.update_layout(title=f"{fig.layout.title.text}: {mode} games")
+            # plotly's properties are untyped: pyright reads `fig.layout` as a Figure
+            title = fig.layout.title.text  # pyright: ignore[reportAttributeAccessIssue]
+            fig.update_layout(title=f"{title}: {mode} games")
             figs.append(fig)
     html = (
         "<h1>artnb demo: tic-tac-toe</h1>"

@@ -58,12 +58,13 @@ class TrainedTokens:
 
     def _repr_html_(self) -> str:
         spans = []
-        for row in self.table.itertuples():
-            text = html.escape(row.text).replace("\n", "↵<br>")
-            if row.trained:
-                p = math.exp(row.logprob) if math.isfinite(row.logprob) else 1.0
+        table = self.table
+        for token, trained, logprob in zip(table["text"], table["trained"], table["logprob"], strict=True):
+            text = html.escape(token).replace("\n", "↵<br>")
+            if trained:
+                p = math.exp(logprob) if math.isfinite(logprob) else 1.0
                 shade = f"rgba(255,165,0,{0.25 + 0.75 * (1 - p):.2f})"  # less sure: stronger orange
-                title = f"trained; p={p:.3f}" if math.isfinite(row.logprob) else "trained"
+                title = f"trained; p={p:.3f}" if math.isfinite(logprob) else "trained"
                 spans.append(f"<span title='{title}' style='background:{shade}'>{text}</span>")
             else:
                 spans.append(f"<span style='color:#888'>{text}</span>")

@@ -22,7 +22,7 @@ Needs `langchain-openai` (`pip install artnb[langgraph]`, which also brings `lan
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
@@ -78,7 +78,9 @@ def init_chat_model(
     )
 
 
-def wrap_rollout(model: Model, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Trajectory]]:
+def wrap_rollout(
+    model: Model, fn: Callable[..., Coroutine[Any, Any, Any]]
+) -> Callable[..., Coroutine[Any, Any, Trajectory]]:
     """`fn` as a rollout whose chat calls (through `init_chat_model()` or any OpenAI client) become its
     Trajectory's turns.
 

@@ -192,9 +192,10 @@ def embedded_model_path() -> Path:
                 )
             bar.update()
             # The GGUF loader marks the model quantized; the weights are dequantized fp32 already.
-            model.hf_quantizer = None
+            # torch types Module.__setattr__ for tensors and modules only; any value can be set
+            model.hf_quantizer = None  # pyright: ignore[reportArgumentType]
             if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
+                delattr(model.config, "quantization_config")  # set by the loader, not declared on the config
             model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
@@ -239,7 +240,8 @@ def tiny(hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
     )
     torch.manual_seed(seed)
     with MODEL_BUILD_LOCK:
-        model = LlamaForCausalLM(config).to(torch.float32)
+        # transformers wraps `to` in functools.wraps(Module.to), which pyright reads as an unbound function
+        model = LlamaForCausalLM(config).to(torch.float32)  # pyright: ignore[reportArgumentType]
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tiny-"))
     model.save_pretrained(tmp)

@@ -267,7 +267,7 @@ class _Run:
     async def run(self) -> PipelineSummary:
         owner = self.owner
         if owner.eval_fn is not None and owner.eval_at_start:
-            self.evals.append(asyncio.ensure_future(self._evaluate(self.version)))
+            self.evals.append(asyncio.ensure_future(self._evaluate(owner.eval_fn, self.version)))
         workers = [asyncio.ensure_future(self._worker()) for _ in range(owner.num_rollout_workers)]
         try:
             await self._trainer()
@@ -342,12 +342,14 @@ class _Run:
                 if self.in_flight == 0:
                     self.idle_since = time.monotonic()
                 if error is None and group.trajectories:
+                    initial: list[int] = []
                     for t in group.trajectories:
                         if t.initial_policy_version is None:
                             t.initial_policy_version = version
                         if t.final_policy_version is None:
                             t.final_policy_version = self.version
-                    first = min(t.initial_policy_version for t in group.trajectories)
+                        initial.append(t.initial_policy_version)
+                    first = min(initial)
                     self.ready.append(_Finished(index, group, first))
                     self.failures_in_a_row = 0
                 else:
@@ -436,7 +438,7 @@ class _Run:
                 except Exception as error:  # a plot must never stop training
                     warn_user(f"artnb: PipelineTrainer could not refresh {type(plot).__name__}: {error}")
             if owner.eval_fn is not None and result.step % owner.eval_every_n_steps == 0:
-                self.evals.append(asyncio.ensure_future(self._evaluate(result.step)))
+                self.evals.append(asyncio.ensure_future(self._evaluate(owner.eval_fn, result.step)))
 
     async def _take_batch(self) -> list[_Finished] | None:
         """The next batch (None: nothing more will come; []: every group taken was stale)."""
@@ -488,12 +490,12 @@ class _Run:
         )
 
     # evaluation ------------------------------------------------------------------------------------------
-    async def _evaluate(self, step: int) -> None:
+    async def _evaluate(self, eval_fn: EvalFn, step: int) -> None:
         owner = self.owner
         started = time.monotonic()
         try:
             with self.model.activate_metrics_context("eval"):
-                out = await owner.eval_fn(self.model, step, owner.config)
+                out = await eval_fn(self.model, step, owner.config)
             splits = out if isinstance(out, dict) else {"val": out}
             for split, items in splits.items():
                 await self.model.log(

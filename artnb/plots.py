@@ -49,7 +49,9 @@ def curve_traces(items: list[Curve]) -> list[go.Scatter]:
     return traces
 
 
-def style_reward_figure(fig: go.Figure, metric: str, title: str | None = None, last_step: int = 0) -> None:
+def style_reward_figure(
+    fig: go.Figure | go.FigureWidget, metric: str, title: str | None = None, last_step: int = 0
+) -> None:
     """Titles and axes; steps are whole numbers, so a short run gets one tick per step."""
     fig.update_layout(
         title=title or metric,

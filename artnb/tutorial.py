@@ -89,10 +89,14 @@ class Settings:
     def scenarios(self, step: int, offset: int = 0) -> list[int]:
         """The training scenarios (seeds) of `step`: new ones every step, never the evaluation ones."""
         n = self.groups_per_step
+        if n is None:  # __post_init__ sets it; only a later `settings.groups_per_step = None` gets here
+            raise ValueError("settings.groups_per_step is None: set it to the number of scenarios per step")
         return [offset + step * n + i for i in range(n)]
 
     def evaluation_scenarios(self, offset: int = 1_000_000) -> list[int]:
         """Seeds kept apart from training, the same for every model compared."""
+        if self.eval_scenarios is None:  # as in scenarios(): only a later assignment of None gets here
+            raise ValueError("settings.eval_scenarios is None: set it to the number of evaluation games")
         return [offset + i for i in range(self.eval_scenarios)]
 
 

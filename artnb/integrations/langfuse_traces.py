@@ -105,6 +105,12 @@ _calls: dict[int, tuple[weakref.ref, _Call]] = {}  # id(Choice) -> (the Choice, 
 _by_content: OrderedDict[str, _Call] = OrderedDict()  # the same, by content: for copies (RULER copies groups)
 
 
+def _trim(table: dict[Any, Any]) -> None:
+    """Forget the oldest entries (dicts keep insertion order) beyond MAX_CALLS."""
+    while len(table) > MAX_CALLS:
+        table.pop(next(iter(table)), None)
+
+
 class LangfuseReporter:
     name = "Langfuse"
 
@@ -164,9 +170,8 @@ class LangfuseReporter:
             _calls[key] = (weakref.ref(choice, lambda _, key=key: _calls.pop(key, None)), call)
             if fingerprint := _fingerprint(choice):
                 _by_content[fingerprint] = call
-            for table in (_calls, _by_content):
-                while len(table) > MAX_CALLS:
-                    table.pop(next(iter(table)), None)
+            _trim(_calls)
+            _trim(_by_content)
 
     def _call_for(self, choice: Choice) -> _Call | None:
         found = _calls.get(id(choice))

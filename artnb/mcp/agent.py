@@ -11,11 +11,14 @@ the gather goes on and the failure is visible in the group.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.model import Model
 from ..core.trajectory import Trajectory
 from .connection import MCPConnection, MCPServerError
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolParam
 
 SYSTEM = (
     "You complete the user's task with the tools you are given. Call tools as needed, one step at a time; when "
@@ -53,16 +56,21 @@ async def run_agent(
         tools=tools,
         metadata={"task": task},
     )
+    options: dict[str, Any] = {}  # sent only when given
+    if tool_choice is not None:
+        options["tool_choice"] = tool_choice
+    if parallel_tool_calls is not None:
+        options["parallel_tool_calls"] = parallel_tool_calls
     calls = errors = 0
     for _ in range(max_turns):
-        completion = await model.openai_client().chat.completions.create(
+        completion: ChatCompletion = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(step),
-            messages=trajectory.messages(),
-            tools=tools,
+            # Trajectory keeps messages and tools as plain chat-format dicts; the SDK types them as TypedDicts
+            messages=cast("list[ChatCompletionMessageParam]", trajectory.messages()),
+            tools=cast("list[ChatCompletionToolParam]", tools),
             max_tokens=max_tokens,
             temperature=temperature,
-            **({"tool_choice": tool_choice} if tool_choice is not None else {}),
-            **({"parallel_tool_calls": parallel_tool_calls} if parallel_tool_calls is not None else {}),
+            **options,
         )
         choice = completion.choices[0]
         trajectory.messages_and_choices.append(choice)
@@ -71,7 +79,10 @@ async def run_agent(
         try:
             for call in choice.message.tool_calls:
                 calls += 1
-                result = await _run_call(server, call.function.name, call.function.arguments)
+                if call.type == "function":
+                    result = await _run_call(server, call.function.name, call.function.arguments)
+                else:  # a custom (free-text) tool call: the server's tools are all functions
+                    result = f"unsupported tool call type {call.type!r}: call the tools as functions", 1
                 errors += result[1]
                 trajectory.messages_and_choices.append(
                     {"role": "tool", "tool_call_id": call.id, "content": result[0]}

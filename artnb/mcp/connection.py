@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 from .types import MCPResource, MCPTool
 
@@ -84,7 +84,7 @@ class MCPConnection:
                     uri=str(r.uri),
                     name=r.name or "",
                     description=r.description or "",
-                    mime_type=getattr(r, "mime_type", None) or getattr(r, "mimeType", None),
+                    mimeType=getattr(r, "mime_type", None) or getattr(r, "mimeType", None),
                 )
                 for r in resources.resources
             ]
@@ -129,7 +129,8 @@ async def connect(
         stderr_path = Path(stderr.name)
         try:
             async with (
-                stdio_client(params, errlog=stderr) as (read, write),
+                # typeshed does not declare the temporary file's wrapper a TextIO, though it proxies one
+                stdio_client(params, errlog=cast(TextIO, stderr)) as (read, write),
                 ClientSession(read, write) as session,
             ):
                 connection = MCPConnection(session, shown, stderr_path, call_timeout_s)

@@ -88,7 +88,7 @@ def build(db: sqlite3.Connection):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])  # None under python -OO
     parser.add_argument(
         "--db",
         type=Path,

@@ -37,7 +37,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 from openai.types.chat.chat_completion import Choice
@@ -48,6 +48,9 @@ from ..core.model import Model
 from ..core.trajectory import History, Trajectory, TrajectoryGroup
 from .codenames_words import BOARD_WORDS, CLUE_WORDS
 from .replies import TRANSIENT_ERRORS, json_object
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 TEAMS = ("red", "blue")
 ROLES = ("spymaster", "operative")
@@ -272,7 +275,7 @@ def guess_schema(game: Game, count: int) -> dict[str, Any]:
 @retry(exceptions=TRANSIENT_ERRORS)
 async def _ask(
     model: Model,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     schema: dict[str, Any] | None,
     *,
     max_tokens: int,
@@ -285,9 +288,10 @@ async def _ask(
             "type": "json_schema",
             "json_schema": {"name": "move", "schema": schema, "strict": True},
         }
-    completion = await model.openai_client().chat.completions.create(
+    completion: ChatCompletion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(step),
-        messages=messages,
+        # plain chat-format dicts; the SDK types messages as TypedDicts
+        messages=cast("list[ChatCompletionMessageParam]", messages),
         max_tokens=max_tokens,
         temperature=temperature,
         logprobs=True,
@@ -301,6 +305,8 @@ class _Player:
     """One role of one team during a game: its trajectory (one history per turn) and its tallies."""
 
     traj: Trajectory
+    team: str
+    role: str
     invalid: int = 0
     counts: list[int] = field(default_factory=list)  # spymaster: the count of each valid clue
     guesses: int = 0  # operative: words revealed
@@ -313,11 +319,7 @@ class _Player:
             self.traj.messages_and_choices = conversation
 
     def finish(self, game: Game) -> Trajectory:
-        team, role, turns = (
-            self.traj.metadata["team"],
-            self.traj.metadata["role"],
-            self.traj.trainable_turns(),
-        )
+        team, role, turns = self.team, self.role, self.traj.trainable_turns()
         self.traj.reward = game.reward(team, self.invalid)
         self.traj.metrics.update(
             {
@@ -372,11 +374,14 @@ async def play(
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     game = Game(Board.deal(scenario), max_turns=max_turns)
     players = {
-        (team, role): _Player(Trajectory(metadata={"scenario": scenario, "team": team, "role": role}))
+        (team, role): _Player(
+            Trajectory(metadata={"scenario": scenario, "team": team, "role": role}), team, role
+        )
         for team in TEAMS
         for role in ROLES
     }
-    notes = dict.fromkeys(TEAMS, "")  # why a team's last clue was refused, told to its spymaster
+    # why a team's last clue was refused, told to its spymaster
+    notes: dict[str, str] = dict.fromkeys(TEAMS, "")
     sides = {"red": (model, step), "blue": (opponent, None) if opponent is not None else (model, step)}
     while not game.over:
         team = game.team
@@ -404,6 +409,7 @@ async def play(
             game.log.append(f"{team} spymaster: invalid clue, {problem}")
             game.end_turn()
             continue
+        assert clue is not None  # no clue is a problem, handled above
         notes[team] = ""
         word, count = clue
         game.clues.append((team, word, count))
@@ -439,7 +445,7 @@ def groups_by_role(games: Iterable[list[Trajectory] | Trajectory | BaseException
     Left out: failed games (exceptions; the gather already counted them against max_exceptions), trajectories
     of a role that never had a turn, and groups left with fewer than 2 trajectories (GRPO cannot compare).
     """
-    buckets: dict[tuple[Any, str, str], list[Trajectory]] = {}
+    buckets: dict[tuple[Any, Any, Any], list[Trajectory]] = {}  # (scenario, team, role) from metadata
     for game in games:
         if isinstance(game, BaseException):
             continue
@@ -534,7 +540,7 @@ async def head_to_head(
     for (s, red, blue), result in zip(games, played, strict=True):
         if isinstance(result, BaseException):
             continue
-        for traj in result:
+        for traj in [result] if isinstance(result, Trajectory) else result:
             team = traj.metadata["team"]
             rows.append(
                 {

@@ -51,15 +51,17 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from openai import NOT_GIVEN
 from openai.types.chat.chat_completion import Choice
 
 from ..core.gather import retry
 from ..core.model import Model
 from ..core.trajectory import Trajectory
 from .replies import TRANSIENT_ERRORS
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolParam
 
 # What the learning benchmark and evaluation tables report for this task.
 METRICS = ["reward", "correct", "sources_ok", "answered", "tool_errors", "turns"]
@@ -698,7 +700,12 @@ class ToolCall:
 def tool_calls_of(choice: Choice, turn: int) -> list[ToolCall]:
     """The reply's tool calls: native `tool_calls`, else a content that is one JSON `{"name", "arguments"}`."""
     if choice.message.tool_calls:
-        return [ToolCall(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        return [
+            ToolCall(c.id, c.function.name, c.function.arguments)
+            if c.type == "function"
+            else ToolCall(c.id, c.custom.name, c.custom.input)  # a custom tool call: free-text input
+            for c in choice.message.tool_calls
+        ]
     try:
         data = json.loads((choice.message.content or "").strip())
     except json.JSONDecodeError:
@@ -820,18 +827,24 @@ def score_episode(episode: Episode, turns: int) -> Score:
 @retry(exceptions=TRANSIENT_ERRORS)
 async def _ask(
     model: Model,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     step: int | None,
     temperature: float,
     max_tokens: int,
     constrained: bool,
 ) -> Choice:
-    schema = {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": TOOL_CALL_SCHEMA}}
-    completion = await model.openai_client().chat.completions.create(
-        response_format=schema if constrained else NOT_GIVEN,
+    constraint: dict[str, Any] = {}
+    if constrained:
+        constraint["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "tool_call", "schema": TOOL_CALL_SCHEMA},
+        }
+    completion: ChatCompletion = await model.openai_client().chat.completions.create(
+        **constraint,
         model=model.get_inference_name(step),
-        messages=messages,
-        tools=TOOLS,
+        # plain chat-format dicts; the SDK types messages and tools as TypedDicts
+        messages=cast("list[ChatCompletionMessageParam]", messages),
+        tools=cast("list[ChatCompletionToolParam]", TOOLS),
         logprobs=True,
         temperature=temperature,
         max_tokens=max_tokens,

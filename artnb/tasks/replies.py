@@ -8,12 +8,16 @@ reply may say "B2." or wrap its JSON in prose or code fences.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
 from openai.types.chat.chat_completion import Choice
 
 from ..core.gather import retry
 from ..core.model import Model
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 # Failures worth another try (`art.retry(exceptions=TRANSIENT_ERRORS)`); a 4xx is the request's fault and is not.
 TRANSIENT_ERRORS = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
@@ -35,7 +39,7 @@ def json_object(text: str | None) -> dict | None:
 @retry(exceptions=TRANSIENT_ERRORS)
 async def ask_choice(
     model: Model,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     choices: list[str],
     *,
     step: int | None,
@@ -48,7 +52,8 @@ async def ask_choice(
     of at most `free_max_tokens`. Returns the `Choice`, a trainable turn."""
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(step),
-        messages=messages,
+        # plain chat-format dicts; the SDK types messages as TypedDicts
+        messages=cast("list[ChatCompletionMessageParam]", messages),
         max_tokens=max_tokens if constrained else free_max_tokens,
         temperature=temperature,
         logprobs=True,

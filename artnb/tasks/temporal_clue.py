@@ -329,7 +329,8 @@ def generate_puzzle(seed: int, difficulty: int = 2) -> Puzzle:
     start = rng.choice((5, 6, 7))
     hours = [f"{start + i}pm" for i in range(n)]
     names = (rng.sample(SUSPECTS, n), rng.sample(ROOMS, n), rng.sample(OBJECTS, n))
-    world = World(*(tuple(rng.sample(range(n), n)) for _ in ATTRIBUTES), rng.randrange(n))
+    room, object_, hour = (tuple(rng.sample(range(n), n)) for _ in ATTRIBUTES)
+    world = World(room, object_, hour, rng.randrange(n))
     pool = _candidate_clues(world, n, rng, count=60)
     rng.shuffle(pool)
     if level.direct_facts_last:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import html
 import statistics
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import ipywidgets as widgets
 
 from ..core.tokens import is_trainable_turn, token_rows
-from ..core.trajectory import Trajectory, TrajectoryGroup
+from ..core.trajectory import MessageOrChoice, Trajectory, TrajectoryGroup
 from .render import STYLE, message_dict, message_html, tokens_html, trajectory_header_html
 
 SortOrder = Literal["reward ↓", "reward ↑", "original"]
@@ -91,7 +91,7 @@ class TrajectoryCard(widgets.VBox):
             children.append(self.more_button)
         self.chat.children = children
 
-    def _token_toggle(self, item: object, turn: int) -> widgets.Widget:
+    def _token_toggle(self, item: MessageOrChoice, turn: int) -> widgets.Widget:
         button = widgets.Button(
             description=f"tokens of turn {turn}",
             icon="eye",
@@ -181,7 +181,8 @@ class GroupView(widgets.VBox):
 
     @property
     def page_size(self) -> int:
-        return self._page_size or PAGE_SIZE[self.arrangement.value]
+        # ipywidgets types a ToggleButtons' value as Any | None; this one always holds one of its options
+        return self._page_size or PAGE_SIZE[cast(str, self.arrangement.value)]
 
     @property
     def order(self) -> list[int]:
@@ -237,9 +238,11 @@ class GroupView(widgets.VBox):
         rank = {i: r + 1 for r, i in enumerate(self.order)}
         for old in self.cards:
             close_tree(old)
-        self.cards = [
-            TrajectoryCard(group[i], i, rank[i], max_messages=self.max_messages) for i in self.page_indices
-        ]
+        self.cards = (
+            [TrajectoryCard(group[i], i, rank[i], max_messages=self.max_messages) for i in self.page_indices]
+            if group is not None
+            else []
+        )
         side = self.arrangement.value == "side by side"
         for c in self.cards:
             c.layout.width = "360px" if side else "auto"

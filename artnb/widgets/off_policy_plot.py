@@ -9,6 +9,7 @@ after every step. The figure itself is `artnb.plots.off_policy_figure`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -43,4 +44,5 @@ class OffPolicyPlot(widgets.VBox):
     @property
     def metrics(self) -> dict[str, list[float]]:
         """The plotted values per metric (what a test or a user checks after a step)."""
-        return {t.meta["metric"]: list(t.y) for t in self.figure.data}
+        traces = cast("tuple[Any, ...]", self.figure.data)  # plotly's properties are untyped (read as str)
+        return {t.meta["metric"]: list(t.y) for t in traces}

@@ -9,12 +9,13 @@ from `artnb.plots`, which the static HTML report uses too.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..core.curves import curves, metric_names, trajectory_values
+from ..core.curves import Band, curves, metric_names, trajectory_values
 from ..core.model import Model
 from ..core.store import RunStore
 from ..plots import curve_traces, style_reward_figure
@@ -53,7 +54,7 @@ class RewardPlot(widgets.VBox):
         if band not in BANDS.values():
             raise ValueError(f"band={band!r}: choose one of {list(BANDS.values())}")
         self._history_frame = source if isinstance(source, pd.DataFrame) else None
-        self.store = None if self._history_frame is not None else as_store(source)
+        self.store = None if isinstance(source, pd.DataFrame) else as_store(source)
         self.title = title
         self.figure = go.FigureWidget()
         style_reward_figure(self.figure, metric, title)
@@ -74,13 +75,18 @@ class RewardPlot(widgets.VBox):
             self.refresh()
 
     def history(self) -> pd.DataFrame:
-        return self._history_frame if self._history_frame is not None else self.store.history()
+        if self._history_frame is not None:
+            return self._history_frame
+        assert self.store is not None  # __init__ sets one of the two
+        return self.store.history()
 
     def refresh(self, history: pd.DataFrame | None = None) -> None:
         """Re-read the history (or take the one given) and redraw; new steps appear as new points."""
         history = self.history() if history is None else history
         names = metric_names(history)
-        metric = self.metric.value
+        # ipywidgets types a Dropdown's value as Any | None; these always hold one of their options
+        metric = cast(str, self.metric.value)
+        band = cast(Band, self.band.value)
         if metric not in names:
             names = [metric, *names]
         if list(self.metric.options) != names:
@@ -90,8 +96,9 @@ class RewardPlot(widgets.VBox):
                 self.metric.value = metric
             finally:
                 self._refreshing = False
-        values = None if self.store is None else (lambda split: trajectory_values(self.store, split))
-        items = curves(history, metric, self.band.value, values)
+        store = self.store
+        values = None if store is None else (lambda split: trajectory_values(store, split))
+        items = curves(history, metric, band, values)
         with self.figure.batch_update():
             self.figure.data = []
             self.figure.add_traces(curve_traces(items))
@@ -103,4 +110,5 @@ class RewardPlot(widgets.VBox):
     @property
     def points(self) -> dict[str, int]:
         """Number of plotted steps per split (what a test or a user checks after a step)."""
-        return {t.meta["split"]: len(t.x) for t in self.figure.data if (t.meta or {}).get("role") == "mean"}
+        traces = cast("tuple[Any, ...]", self.figure.data)  # plotly's properties are untyped (read as str)
+        return {t.meta["split"]: len(t.x) for t in traces if (t.meta or {}).get("role") == "mean"}

@@ -146,7 +146,9 @@ class TrainingPanel(widgets.VBox):
     def _start(self, coro: Coroutine[Any, Any, Any]) -> None:
         self.note = ""
         if self.background.start(self._action(coro)):
-            self.background.task.add_done_callback(lambda _: self._update_controls())
+            task = self.background.task
+            assert task is not None  # start() returned True: it has just scheduled one
+            task.add_done_callback(lambda _: self._update_controls())
             self._update_controls()
 
     async def _action(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -178,18 +180,17 @@ class TrainingPanel(widgets.VBox):
             self._train_progress(event.done, event.total)
         elif event.kind == "groups":
             self.group_view.set_groups(event.groups)
-        elif event.kind == "trained":
-            if event.result is not None:
-                self._step = event.result.step
+        elif event.kind == "trained" and event.result is not None:  # the loop's "trained" events carry it
+            result = event.result
+            self._step = result.step
             self.train_bar.bar_style = "success"
             self.plot.refresh()
             self.off_policy.refresh()
-            metrics = event.result.metrics if event.result else {}
-            loss = metrics.get(names.LOSS)
-            if event.result is not None and event.result.skipped:
-                self.note = f"step {event.result.step}: no update ({event.result.skipped})"
+            loss = result.metrics.get(names.LOSS)
+            if result.skipped:
+                self.note = f"step {result.step}: no update ({result.skipped})"
             else:
-                self.note = f"trained step {event.result.step}" + (
+                self.note = f"trained step {result.step}" + (
                     f" · loss {loss:.4g}" if loss is not None else ""
                 )
         elif event.kind == "stopped":

@@ -239,14 +239,14 @@ def _select(df: pd.DataFrame, models: list[str | BenchmarkModelKey] | None) -> t
     if models is None:
         if df.empty:
             raise ValueError("the table is empty: load_trajectories found nothing logged (see its warning)")
-        step_counts = df.groupby("model")["step"].nunique()
+        step_counts = {str(m): n for m, n in df.groupby("model")["step"].nunique().items()}
         trained = sorted(m for m, n in step_counts.items() if n > 1)
         return df, trained + sorted(m for m, n in step_counts.items() if n <= 1)
 
     keys = [m if isinstance(m, BenchmarkModelKey) else BenchmarkModelKey(m) for m in models]
     table = filter_rename_model_split(df, keys)
     present = set(table["model"])
-    missing = [k for k in keys if k.display_name not in present]
+    missing = [k for k in keys if str(k) not in present]  # str(k): its display name
     if missing and len(missing) == len(keys):
         logged = sorted(
             (str(m), str(s)) for m, s in df[["model", "split"]].drop_duplicates().itertuples(index=False)
@@ -260,12 +260,13 @@ def _select(df: pd.DataFrame, models: list[str | BenchmarkModelKey] | None) -> t
             f"left out of the chart, no rows logged: {[(k.name, k.split) for k in missing]} (model, split)",
             stacklevel=3,
         )
-    return table, [k.display_name for k in keys if k.display_name in present]
+    return table, [str(k) for k in keys if str(k) in present]
 
 
 def _means(table: pd.DataFrame, column: str) -> pd.DataFrame:
     """Mean of `column` per model and step, sorted by step; steps with no value are dropped."""
-    means = table.groupby(["model", "step"], as_index=False)[column].mean()
+    # [[column]]: the same table as [column] here, and pandas-stubs type it as a DataFrame
+    means = table.groupby(["model", "step"], as_index=False)[[column]].mean()
     return means.dropna(subset=[column]).sort_values(["model", "step"], ignore_index=True)
 
 

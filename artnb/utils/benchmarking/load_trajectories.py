@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import warnings
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def _logged_files(store: RunStore) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def _row(model: str, split: str, step: int, group_number: int, record: dict[str, Any]) -> dict[str, Any]:
+def _row(model: str, split: str, step: int, group_number: int, record: dict[Hashable, Any]) -> dict[str, Any]:
     metrics = _json(record.get("metrics"), {})
     metadata = {**_json(record.get("group_metadata"), {}), **_json(record.get("metadata"), {})}
     logs = record.get("logs")
