@@ -52,6 +52,7 @@ import httpx
 
 from ..core.atomic import write_atomic
 from ..core.config import TrainerConfig
+from .machine_bill import HourlyBill
 from .placement import FSDP_AUTHKEY_ENV, FSDP_CONTROL_ENV
 from .remote import RemoteBackend
 from .server import API_KEY_ENV, DEFAULT_PORT, check_bind
@@ -139,9 +140,12 @@ class ServerTask:
         None  # `artnb serve --trainer`; None: "fsdp" on several nodes, else the server's default
     )
     trainer_config: dict[str, Any] | None = None  # `artnb serve --trainer-config`: TrainerConfig fields
+    gpu_cost_per_hour_usd: float | None = None  # `artnb serve --gpu-cost-per-hour-usd` (machine_bill.py)
 
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)  # the server's own rule: beyond loopback only with a key
+        if self.gpu_cost_per_hour_usd is not None:
+            HourlyBill(self.gpu_cost_per_hour_usd)  # the server's own check, before anything is launched
 
     @property
     def setup(self) -> str:
@@ -167,6 +171,8 @@ class ServerTask:
             argv += ["--trainer-config", json.dumps(self.trainer_config, sort_keys=True)]
         if self.engine_options:
             argv += ["--engine-options", json.dumps(self.engine_options, sort_keys=True)]
+        if self.gpu_cost_per_hour_usd is not None:
+            argv += ["--gpu-cost-per-hour-usd", repr(float(self.gpu_cost_per_hour_usd))]
         quoted = " ".join(a if a == self.runs_dir else shlex.quote(a) for a in argv)  # `~` must expand
         serve = f"exec ~/artnb-venv/bin/artnb {quoted}"
         if self.num_nodes == 1:
@@ -418,6 +424,7 @@ class SkyPilotBackend(RemoteBackend):
         num_nodes: int = 1,
         trainer: str | None = None,
         trainer_config: TrainerConfig | dict[str, Any] | None = None,
+        gpu_cost_per_hour_usd: float | None = None,
         **launch_options: Any,
     ) -> SkyPilotBackend:
         """Launch (or reuse) a SkyPilot cluster running `artnb serve` and return a backend connected to it.
@@ -434,6 +441,8 @@ class SkyPilotBackend(RemoteBackend):
           "fsdp" when num_nodes > 1.
         trainer_config: the server's `art.TrainerConfig` (or its fields), e.g. gradient checkpointing, or
           `placement="split"` with trainer="fsdp" on one node; checked here, before anything is launched.
+        gpu_cost_per_hour_usd: what the whole cluster costs per hour; each step's history row then has
+          `costs/gpu/usd` (`LocalBackend(gpu_cost_per_hour_usd=...)` on the server). None: no machine cost.
         launch_options: passed to `sky.launch`, e.g. `idle_minutes_to_autostop=60`, `retry_until_up=True`.
         """
         sky_module = import_sky()
@@ -443,6 +452,8 @@ class SkyPilotBackend(RemoteBackend):
             raise TypeError(f"initialize_cluster: unknown {unknown}; other keywords go to sky.launch")
         env_secrets = read_env_file(env_path)
         server_trainer_config = _trainer_fields(trainer_config, trainer, num_nodes)
+        if gpu_cost_per_hour_usd is not None:
+            HourlyBill(gpu_cost_per_hour_usd)  # a bad price fails here, also when reconnecting to a server
         install = resolve_install(art_version, artnb_checkout())
         res = server_resources(sky_module, gpu, resources, DEFAULT_PORT)
 
@@ -476,6 +487,7 @@ class SkyPilotBackend(RemoteBackend):
                 num_nodes=num_nodes,
                 trainer=trainer,
                 trainer_config=server_trainer_config,
+                gpu_cost_per_hour_usd=gpu_cost_per_hour_usd,
             )
             task = spec.to_sky(sky_module, res)
             if plan.action == "launch":

@@ -144,6 +144,14 @@ def test_trainer_config_reaches_artnb_serve_checked_before_launch():
         sp._trainer_fields({"placement": "split"}, None, 2)  # several nodes: the server's trainer is fsdp
 
 
+def test_the_machine_price_reaches_artnb_serve_checked_before_launch():
+    argv = shlex.split(_spec(gpu_cost_per_hour_usd=12).run)
+    assert argv[argv.index("--gpu-cost-per-hour-usd") + 1] == "12.0"
+    assert "--gpu-cost-per-hour-usd" not in _spec().run
+    with pytest.raises(ValueError, match=r"gpu_cost_per_hour_usd=-1: pass the machine's price"):
+        _spec(gpu_cost_per_hour_usd=-1)
+
+
 def test_engine_options_reach_artnb_serve():
     run = _spec(engine_options={"extra_args": ["--tensor-parallel-size", "2"]}).run
     argv = shlex.split(run)
