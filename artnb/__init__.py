@@ -87,7 +87,8 @@ _MODULES = (
     "trajectories", "metrics", "integrations", "autorl", "openai", "pipeline_trainer",
 )  # fmt: skip
 
-__all__ = sorted({*_EXPORTS, *_ALIASES, "dev", "explain", "models", "tutorial"})
+# built from the lazy-export tables above, which pyright cannot follow
+__all__ = sorted({*_EXPORTS, *_ALIASES, "dev", "explain", "models", "tutorial"})  # pyright: ignore[reportUnsupportedDunderAll]
 
 
 def __getattr__(name: str):
