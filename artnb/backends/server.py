@@ -414,6 +414,7 @@ class ArtnbServer:
                 "trainer_config": server.backend.trainer_config.model_dump(
                     mode="json", exclude_defaults=True
                 ),
+                "gpu_cost_per_hour_usd": bill.usd_per_hour if (bill := server.backend.bill) else None,
                 "max_request_bytes": server.max_request_bytes,
                 "models": [f"{p}/{n}" for p, n in server.models],
             }

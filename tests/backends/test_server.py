@@ -109,6 +109,8 @@ def server(tmp_path_factory):
                 "hf",
                 "--trainer-config",
                 '{"seed": 3}',
+                "--gpu-cost-per-hour-usd",
+                "2.5",
             ),  # fmt: skip
             env=env,
             stdout=out,
@@ -133,6 +135,7 @@ def test_health_is_open_and_every_other_route_needs_the_key(server):
     info = httpx.get(f"{server}/info", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert info["max_request_bytes"] == LIMIT and info["wire"] == 1
     assert (info["trainer"], info["trainer_config"]) == ("auto", {"seed": 3})  # --trainer-config reached it
+    assert info["gpu_cost_per_hour_usd"] == 2.5
     for path in ("/docs", "/openapi.json", "/redoc"):
         assert httpx.get(server + path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
 
