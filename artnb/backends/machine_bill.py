@@ -22,6 +22,8 @@ COST_KEY = names.cost("gpu", "usd")
 
 @dataclass
 class HourlyBill:
+    """One backend's clock: `take()` at each commit, `give_back()` when that commit fails."""
+
     usd_per_hour: float
     _since: float = field(default_factory=time.monotonic, repr=False)
     _carried_usd: float = field(default=0.0, repr=False)

@@ -53,9 +53,7 @@ class ServedModel:
     trainer_thread: ThreadPoolExecutor
     serving_step: int | None = None  # the step whose adapter the engine serves as the plain name
     default_temperature: float | None = None  # for requests that name none (core/temperature.py); None: 1
-    bill: HourlyBill | None = (
-        None  # the backend's machine price, billed into each step's row (machine_bill.py)
-    )
+    bill: HourlyBill | None = None  # the backend's price per hour, shared by its models (machine_bill.py)
     step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step (or run operation) at a time
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
