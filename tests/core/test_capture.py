@@ -101,16 +101,20 @@ async def test_concurrent_rollouts_never_mix_their_calls(client):
 
 
 async def test_streamed_and_sync_calls_are_captured_whole(client, policy):
+    # 32 tokens, so that the stream comes in several chunks even on a busy machine (a chunk holds every token
+    # sampled since the last one was sent)
+    long = {"max_tokens": 32, "seed": 3, "extra_body": {"min_tokens": 32}}
+
     async def streamed() -> None:
         stream = await client.chat.completions.create(
-            model="base", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, seed=3, stream=True
+            model="base", messages=[{"role": "user", "content": "Hi"}], stream=True, **long
         )
         chunks = [chunk async for chunk in stream]
         art.current_trajectory(required=True).metadata["chunks"] = len(chunks)
 
     captured = await art.trajectory(streamed())
     whole = await client.chat.completions.create(
-        model="base", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, seed=3
+        model="base", messages=[{"role": "user", "content": "Hi"}], **long
     )
     (choice,) = [x for x in captured.messages_and_choices if isinstance(x, Choice)]
     assert choice.message.content == whole.choices[0].message.content
