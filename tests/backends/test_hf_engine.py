@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -407,6 +408,31 @@ async def test_streamed_choices_interleave_and_each_ends_once(client):
 async def test_port_in_use_is_a_clear_error(engine, tiny, tmp_path):
     with pytest.raises(OSError, match=f"port {engine.port} .* in use.*port=None"):
         await HFEngine(tiny, "base", tmp_path, port=engine.port).start()
+
+
+async def test_an_automatic_port_taken_while_the_server_loads_is_picked_again(tiny, tmp_path):
+    """The race no check before launch can close: another program binds the engine's automatic port after the
+    check and before the server does (it loads its model first). The engine starts on another port."""
+    engine = HFEngine(tiny, "base", tmp_path, device="cpu")
+    taken = engine.port
+    squatter = socket.socket()
+
+    async def squat_once_launched() -> None:
+        while engine.pid is None:  # launched: the port was checked free, and the server is importing torch
+            await asyncio.sleep(0.001)
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+
+    try:
+        await asyncio.gather(engine.start(timeout=120), squat_once_launched())
+        assert engine.port != taken and engine.alive()
+        models = httpx.get(f"{engine.base_url}/models", headers={"Authorization": f"Bearer {engine.api_key}"})
+        assert [m["id"] for m in models.json()["data"]] == ["base"]
+        first_log = tmp_path / f"hf_engine_{taken}.log"
+        assert "address already in use" in first_log.read_text().lower()  # the first launch's own error
+    finally:
+        squatter.close()
+        await engine.stop()
 
 
 async def test_killed_engine_is_not_alive(tiny, tmp_path):

@@ -10,7 +10,10 @@ process group (so helper processes die too), and the server itself exiting when 
 watch `os.getppid()`), which covers a kernel killed with SIGKILL, where atexit never runs.
 
 `ServerEngine` is the base class of both engine clients (port, API key, log, alive, stop, control calls);
-each subclass builds its server's command line and launches it with `_launch()`.
+each subclass builds its server's command line and launches it with `_launch_until_ready()`. An automatic port
+is checked before launch, yet another program can still take it before the server binds (the server loads its
+model first): a server that exits on "address already in use" is launched again on a new port, up to
+PORT_TRIES times. A port the user chose is never changed.
 
 Control calls (load/unload adapters, stats, release) time out after `control_timeout_s` (60 s: they take
 milliseconds to seconds, so a minute means the engine is hung or stopped). `hold()` waits for the batch in
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +45,8 @@ from tqdm.auto import tqdm
 
 import artnb
 from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES
+
+log = logging.getLogger("artnb")
 
 
 class EngineProcess:
@@ -62,6 +69,7 @@ class EngineProcess:
         self.env = env
         self._proc: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
+        self.log_start = 0  # where this run's lines begin in the (appended) log
 
     @property
     def pid(self) -> int | None:
@@ -80,6 +88,7 @@ class EngineProcess:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid}): stop() it first")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        self.log_start = self._log.tell()
         self._proc = subprocess.Popen(
             self.command,
             stdout=self._log,
@@ -89,6 +98,14 @@ class EngineProcess:
             start_new_session=True,  # its own process group, so stop() reaches its children too
         )
         atexit.register(self.stop)
+
+    def lost_its_port(self) -> bool:
+        """It exited because its port was taken (uvicorn's and vLLM's bind errors, in this run's lines)."""
+        if self.alive() or not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            return b"address already in use" in f.read().lower()
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.exists():
@@ -175,6 +192,9 @@ def port_free(port: int) -> bool:
         return True
 
 
+PORT_TRIES = 3  # launches of a server whose automatic port another program took before it could bind
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -186,8 +206,8 @@ class ServerEngine:
     """What both engines share: a server child process on 127.0.0.1 with an API key, and its HTTP control API.
 
     Subclasses set `kind` (for messages and the log name) and implement `start()` by building a command and
-    calling `_launch()`. The limits (`max_request_bytes`, `control_timeout_s`, `hold_timeout_s`) are the
-    subclasses' constructor options; see the module docstring for the timeouts.
+    calling `_launch_until_ready()`. The limits (`max_request_bytes`, `control_timeout_s`, `hold_timeout_s`)
+    are the subclasses' constructor options; see the module docstring for the timeouts.
     """
 
     kind = "engine"
@@ -263,12 +283,27 @@ class ServerEngine:
             **extra,
         }
 
-    def _launch(self, command: list[str], env: dict[str, str]) -> EngineProcess:
-        health = f"http://127.0.0.1:{self.port}/health"
-        name = f"{self.kind} engine ({self.served_name})"
-        self._process = process = EngineProcess(command, self.log_path, health, name=name, env=env)
-        process.start()
-        return process
+    async def _launch_until_ready(
+        self, command: Callable[[], list[str]], env: dict[str, str], timeout: float
+    ) -> EngineProcess:
+        """Launch `command()` (built for `self.port`) and wait until it answers /health; an automatic port taken
+        before the server could bind it is picked again (see the module docstring)."""
+        tries = 1
+        while True:
+            health = f"http://127.0.0.1:{self.port}/health"
+            name = f"{self.kind} engine ({self.served_name})"
+            self._process = process = EngineProcess(command(), self.log_path, health, name=name, env=env)
+            process.start()
+            try:
+                await asyncio.to_thread(process.wait_ready, timeout)
+                return process
+            except RuntimeError:
+                if not (self._auto_port and tries < PORT_TRIES and process.lost_its_port()):
+                    raise
+            log.info(
+                "artnb: port %d was taken before the %s engine bound it; trying another", self.port, self.kind
+            )
+            self.port, tries = free_port(), tries + 1
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.stop_now)

@@ -7,7 +7,6 @@ server's OpenMP environment (`omp_environment`), since a busy machine and an idl
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Mapping
@@ -111,21 +110,23 @@ class HFEngine(ServerEngine):
             for key in set(OMP_ENV_KEYS) - omp.keys():
                 env.pop(key, None)
         merge = {None: [], True: ["--merge-newest"], False: ["--no-merge-newest"]}[self.merge_newest]
-        command = [
-            sys.executable, "-m", "artnb.backends.engines.hf.server",
-            "--model", self.model_path,
-            "--served-name", self.served_name,
-            "--port", str(self.port),
-            "--device", self.device,
-            "--max-batch-size", str(self.max_batch_size),
-            "--max-loras", str(self.max_loras),
-            "--max-request-bytes", str(self.max_request_bytes),
-            *(["--trust-request-chat-template"] if self.trust_request_chat_template else []),
-            *merge,
-            "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
-        ]  # fmt: skip
-        process = self._launch(command, env)
-        await asyncio.to_thread(process.wait_ready, timeout)
+
+        def command() -> list[str]:  # for self.port, which a taken port changes
+            return [
+                sys.executable, "-m", "artnb.backends.engines.hf.server",
+                "--model", self.model_path,
+                "--served-name", self.served_name,
+                "--port", str(self.port),
+                "--device", self.device,
+                "--max-batch-size", str(self.max_batch_size),
+                "--max-loras", str(self.max_loras),
+                "--max-request-bytes", str(self.max_request_bytes),
+                *(["--trust-request-chat-template"] if self.trust_request_chat_template else []),
+                *merge,
+                "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
+            ]  # fmt: skip
+
+        await self._launch_until_ready(command, env, timeout)
 
     async def load_adapter(self, lora_name: str, lora_path: str) -> None:
         """Load a PEFT adapter directory under `lora_name` (replacing one of that name)."""

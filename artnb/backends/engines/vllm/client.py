@@ -267,10 +267,8 @@ class VLLMEngine(ServerEngine):
         self.adapters.clear()
         self.merged = self._weights = self._physical = None
         self._drop_deltas()
-        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        process = self._launch(self.command(on_cuda), env)
         try:
-            await asyncio.to_thread(process.wait_ready, timeout)
+            await self._launch_until_ready(lambda: self.command(on_cuda), env, timeout)
             # A served /health does not prove the model runs (e.g. an attention shape the CPU kernels lack).
             await self._call(
                 "POST",
@@ -285,7 +283,7 @@ class VLLMEngine(ServerEngine):
             raise
         except RuntimeError as error:
             await self.stop()
-            cause = _first_error(self.log_path, log_start)
+            cause = _first_error(self.log_path, self._process.log_start if self._process else 0)
             if cause.startswith("artnb:"):
                 raise RuntimeError(f"the vLLM engine could not start. {cause}") from error
             raise RuntimeError(
