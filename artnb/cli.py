@@ -94,7 +94,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from .backends.machine_bill import HourlyBill
+    from .backends.machine_bill import checked_price
     from .backends.server import API_KEY_ENV, check_bind, serve
 
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -108,7 +108,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 args.trainer, trainer_config, f"--trainer-config {json.dumps(args.trainer_config)}"
             )
         if args.gpu_cost_per_hour_usd is not None:
-            HourlyBill(args.gpu_cost_per_hour_usd)  # a bad price fails before the server listens
+            checked_price(args.gpu_cost_per_hour_usd)  # a bad price fails before the server listens
     except ValueError as error:
         parser.exit(2, f"artnb serve: {error}\n")
     serve(

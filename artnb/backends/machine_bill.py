@@ -20,6 +20,18 @@ from ..core import metric_names as names
 COST_KEY = names.cost("gpu", "usd")
 
 
+def checked_price(usd_per_hour: object) -> float:
+    """`gpu_cost_per_hour_usd` as a float, or a ValueError naming what to pass (artnb serve and SkyPilot check
+    it before anything starts)."""
+    if isinstance(usd_per_hour, (int, float)) and not isinstance(usd_per_hour, bool):
+        if math.isfinite(usd_per_hour) and usd_per_hour >= 0:
+            return float(usd_per_hour)
+    raise ValueError(
+        f"gpu_cost_per_hour_usd={usd_per_hour!r}: pass the machine's price in US dollars per hour, a number >= 0 "
+        "(e.g. 2.5 for an H100 at $2.50/h), or None to record no machine cost"
+    )
+
+
 @dataclass
 class HourlyBill:
     """One backend's clock: `take()` at each commit, `give_back()` when that commit fails."""
@@ -29,17 +41,7 @@ class HourlyBill:
     _carried_usd: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
-        rate = self.usd_per_hour
-        if (
-            isinstance(rate, bool)
-            or not isinstance(rate, (int, float))
-            or not math.isfinite(rate)
-            or rate < 0
-        ):
-            raise ValueError(
-                f"gpu_cost_per_hour_usd={rate!r}: pass the machine's price in US dollars per hour, a number >= 0 "
-                "(e.g. 2.5 for an H100 at $2.50/h), or None to record no machine cost"
-            )
+        self.usd_per_hour = checked_price(self.usd_per_hour)
 
     def take(self) -> float:
         """The dollars since the last take (plus any given back), and the clock restarts now."""

@@ -52,7 +52,7 @@ import httpx
 
 from ..core.atomic import write_atomic
 from ..core.config import TrainerConfig
-from .machine_bill import HourlyBill
+from .machine_bill import checked_price
 from .placement import FSDP_AUTHKEY_ENV, FSDP_CONTROL_ENV
 from .remote import RemoteBackend
 from .server import API_KEY_ENV, DEFAULT_PORT, check_bind
@@ -145,7 +145,7 @@ class ServerTask:
     def __post_init__(self) -> None:
         check_bind(self.host, self.api_key)  # the server's own rule: beyond loopback only with a key
         if self.gpu_cost_per_hour_usd is not None:
-            HourlyBill(self.gpu_cost_per_hour_usd)  # the server's own check, before anything is launched
+            checked_price(self.gpu_cost_per_hour_usd)  # the server's own check, before anything is launched
 
     @property
     def setup(self) -> str:
@@ -452,8 +452,6 @@ class SkyPilotBackend(RemoteBackend):
             raise TypeError(f"initialize_cluster: unknown {unknown}; other keywords go to sky.launch")
         env_secrets = read_env_file(env_path)
         server_trainer_config = _trainer_fields(trainer_config, trainer, num_nodes)
-        if gpu_cost_per_hour_usd is not None:
-            HourlyBill(gpu_cost_per_hour_usd)  # a bad price fails here, also when reconnecting to a server
         install = resolve_install(art_version, artnb_checkout())
         res = server_resources(sky_module, gpu, resources, DEFAULT_PORT)
 
