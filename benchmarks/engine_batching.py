@@ -8,7 +8,7 @@ parallel regions, so a trainer or notebook beside it keeps the cores). `--genera
 - `same` (default): PASSIVE too, set before torch loads libgomp, so the ratio measures the serving code alone.
 - `libgomp`: this process's own setting (libgomp spins a while before sleeping), so the ratio is what a
   user sees against a hand-written `generate`: PASSIVE costs a wake-up per parallel region. On this 2-core
-  CPU that is 0.81x at 8 on the embedded model against 1.10x under `same` (stop 41's note).
+  CPU that was 0.83x at 8 on the embedded model, against 1.10x under `same` (measured 2026-11-27; README).
   ACTIVE for both makes each process spin while the other computes: meaningful only with spare cores.
 
 - `--model embedded` (default; batches 8 and 1): the embedded SmolLM2-135M. Target: the engine >= 0.9x

@@ -4,14 +4,16 @@ what the judges cost.
 
 A rented GPU is paid for while rollouts run, while the trainer trains and while the notebook waits, so each
 committed step's row gets `costs/gpu/usd`: the hours since the backend's previous committed step (of any of its
-models), or since the backend was made, times the price. Summed over the rows it is the time the backend has
-been up. Models sharing one backend share one clock, so no hour is billed twice; a step that fails before its
-commit leaves its hours to the next one.
+models), or since the backend was made, times the price. Models sharing one backend share one clock, so no
+hour is billed twice, and the rows add up to at most the time the backend was up: what follows the last committed
+step (final evaluations, idle time before close) and a cloud machine's provisioning are not in any row. A step
+that fails before its commit leaves its hours to the next one.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -23,9 +25,10 @@ COST_KEY = names.cost("gpu", "usd")
 def checked_price(usd_per_hour: object) -> float:
     """`gpu_cost_per_hour_usd` as a float, or a ValueError naming what to pass (artnb serve and SkyPilot check
     it before anything starts)."""
-    if isinstance(usd_per_hour, (int, float)) and not isinstance(usd_per_hour, bool):
-        if math.isfinite(usd_per_hour) and usd_per_hour >= 0:
-            return float(usd_per_hour)
+    if isinstance(usd_per_hour, numbers.Real) and not isinstance(usd_per_hour, bool):  # numpy's, Fraction too
+        price = float(usd_per_hour)
+        if math.isfinite(price) and price >= 0:
+            return price
     raise ValueError(
         f"gpu_cost_per_hour_usd={usd_per_hour!r}: pass the machine's price in US dollars per hour, a number >= 0 "
         "(e.g. 2.5 for an H100 at $2.50/h), or None to record no machine cost"

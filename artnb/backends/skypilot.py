@@ -281,7 +281,11 @@ def plan_cluster(
     if job_status == "FAILED_SETUP":
         return ClusterPlan("launch", f"the last setup failed (job {job_id}): running it again")
     if alive and have_key:
-        return ClusterPlan("connect", f"artnb serve is {job_status} (job {job_id}): reusing it")
+        return ClusterPlan(
+            "connect",
+            f"artnb serve is {job_status} (job {job_id}): reusing it with the settings it was started with "
+            "(force_restart=True starts it with these)",
+        )
     if alive:
         return ClusterPlan("exec", "artnb serve runs with a key this machine lacks: restarting it", cancel)
     why = "no artnb serve job" if job_status is None else f"artnb serve ended ({job_status})"
@@ -443,8 +447,11 @@ class SkyPilotBackend(RemoteBackend):
           `placement="split"` with trainer="fsdp" on one node; checked here, before anything is launched.
         gpu_cost_per_hour_usd: what the whole cluster costs per hour; each step's history row then has
           `costs/gpu/usd` (`LocalBackend(gpu_cost_per_hour_usd=...)` on the server). None: no machine cost.
+          Checked here, before anything is launched or cancelled.
         launch_options: passed to `sky.launch`, e.g. `idle_minutes_to_autostop=60`, `retry_until_up=True`.
         """
+        if gpu_cost_per_hour_usd is not None:
+            checked_price(gpu_cost_per_hour_usd)  # before a running server is cancelled or its key replaced
         sky_module = import_sky()
         allowed = set(inspect.signature(sky_module.launch).parameters) - {"task", "cluster_name", "dryrun"}
         unknown = sorted(k for k in launch_options if k not in allowed or k.startswith("_"))

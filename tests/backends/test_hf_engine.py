@@ -430,6 +430,8 @@ async def test_an_automatic_port_taken_while_the_server_loads_is_picked_again(ti
         assert [m["id"] for m in models.json()["data"]] == ["base"]
         first_log = tmp_path / f"hf_engine_{taken}.log"
         assert "address already in use" in first_log.read_text().lower()  # the first launch's own error
+        open_files = {os.path.realpath(fd) for fd in Path("/proc/self/fd").iterdir() if fd.is_symlink()}
+        assert str(first_log.resolve()) not in open_files  # the failed launch was stopped, its log closed
     finally:
         squatter.close()
         await engine.stop()

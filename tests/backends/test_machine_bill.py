@@ -2,12 +2,14 @@
 one, models on one backend never pay for the same hour twice, and a failed step's hours go to the next."""
 
 import time
+from fractions import Fraction
 
+import numpy as np
 import pytest
 from test_local_backend import gather
 
 import artnb as art
-from artnb.backends.machine_bill import COST_KEY, HourlyBill
+from artnb.backends.machine_bill import COST_KEY, HourlyBill, checked_price
 from artnb.models import tiny
 
 PER_SECOND = 3600.0  # $1 a second: a row's dollars are its seconds
@@ -60,3 +62,9 @@ def test_a_step_that_did_not_commit_gives_its_hours_to_the_next():
 def test_a_price_that_is_not_dollars_per_hour_is_refused(tmp_path, price):
     with pytest.raises(ValueError, match=r"gpu_cost_per_hour_usd=.*: pass the machine's price in US dollars"):
         art.LocalBackend(path=tmp_path, gpu_cost_per_hour_usd=price)
+
+
+@pytest.mark.parametrize("price", [0, 2, 2.5, np.float32(2.5), np.int64(3), Fraction(5, 2)])
+def test_any_real_number_of_dollars_is_a_price(price):
+    """A price read from a table (numpy) or written as a fraction is taken as it is, as a float."""
+    assert checked_price(price) == float(price) and type(checked_price(price)) is float

@@ -309,6 +309,14 @@ async def test_unknown_launch_option_fails_before_any_skypilot_call():
         await sp.SkyPilotBackend.initialize_cluster("art", retry_until_upp=True)
 
 
+async def test_a_bad_price_fails_before_any_skypilot_call():
+    """Before a running server could be cancelled (force_restart) or its key replaced; SkyPilot not needed."""
+    with pytest.raises(ValueError, match=r"gpu_cost_per_hour_usd=nan: pass the machine's price"):
+        await sp.SkyPilotBackend.initialize_cluster(
+            "art", force_restart=True, gpu_cost_per_hour_usd=float("nan")
+        )
+
+
 def test_multi_node_run_script_starts_torchrun_everywhere_and_the_server_on_the_head():
     spec = _spec(num_nodes=2)
     subprocess.run(["bash", "-n", "-c", spec.run], check=True)

@@ -287,7 +287,8 @@ class ServerEngine:
         self, command: Callable[[], list[str]], env: dict[str, str], timeout: float
     ) -> EngineProcess:
         """Launch `command()` (built for `self.port`) and wait until it answers /health; an automatic port taken
-        before the server could bind it is picked again (see the module docstring)."""
+        before the server could bind it is picked again (see the module docstring). Each launch gets `timeout`:
+        a relaunch loads the model again."""
         tries = 1
         while True:
             health = f"http://127.0.0.1:{self.port}/health"
@@ -303,6 +304,7 @@ class ServerEngine:
             log.info(
                 "artnb: port %d was taken before the %s engine bound it; trying another", self.port, self.kind
             )
+            await asyncio.to_thread(process.stop)  # its log file, its exit hook and any helper it started
             self.port, tries = free_port(), tries + 1
 
     async def stop(self) -> None:
