@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
 import artnb as art  # noqa: E402
+from artnb.backends.ports import free_port
 from artnb.backends.remote import RemoteBackend  # noqa: E402
 from artnb.models import DEFAULT, tiny  # noqa: E402
 
@@ -97,12 +97,6 @@ async def measure(backend, base: str, steps: int, tokens: int, name: str) -> dic
     runs = [await one_step(model, s, tokens) for s in range(1, steps + 1)]
     await backend.close()
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(path: Path, port: int, key: str, engine: str, log: Path) -> subprocess.Popen:

@@ -18,8 +18,9 @@ from test_peft_trainer import make_sequences
 
 from artnb import models
 from artnb.backends.placement import FSDP_AUTHKEY_ENV, FSDP_CONTROL_ENV
+from artnb.backends.ports import free_port
 from artnb.backends.skypilot import TORCHRUN_MAX_RESTARTS
-from artnb.backends.trainers.fsdp_trainer import FsdpTrainer, RankFailed, free_port
+from artnb.backends.trainers.fsdp_trainer import FsdpTrainer, RankFailed
 from artnb.backends.trainers.peft_trainer import PeftTrainer
 from artnb.core.config import TrainConfig, TrainerConfig
 

@@ -18,8 +18,8 @@ from tiny_loop import gather
 import artnb as art
 from artnb import models
 from artnb.backends import skypilot as sp
+from artnb.backends.ports import free_port
 from artnb.backends.remote import RemoteBackend
-from artnb.backends.trainers.fsdp_trainer import free_port
 from artnb.core.config import LoRAConfig
 
 KEY = "multi-node-key-7Hq"

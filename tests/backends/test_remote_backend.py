@@ -18,11 +18,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from openai import AsyncOpenAI
-from test_server import KEY, free_port, serve_command, wait_for_health
+from test_server import KEY, serve_command, wait_for_health
 from tiny_loop import gather, pick
 from transformers import AutoTokenizer
 
 import artnb as art
+from artnb.backends.ports import free_port
 from artnb.backends.remote import Backend, RemoteBackend, ServerUnavailableError
 from artnb.core.contracts import Backend as BackendContract
 from artnb.core.store import RunStore

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from tiny_loop import gather
 
 import artnb as art
 from artnb.backends import s3
+from artnb.backends.ports import free_port
 from artnb.backends.remote import RemoteBackend
 from artnb.core.store import RunStore
 from artnb.models import tiny
@@ -33,12 +33,6 @@ from artnb.utils.s3 import pull_model_from_s3
 
 BASE = tiny(hidden_size=64, num_layers=2, seed=1)
 BUCKET = "runs"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 
 import artnb as art
 from artnb.backends.local import LocalBackend
+from artnb.backends.ports import free_port
 from artnb.backends.remote import RemoteBackend
 from artnb.backends.server import ArtnbServer, check_bind, create_app, is_loopback
 from artnb.core.gather import AfterEachFailure, GatheredGroups
@@ -66,12 +67,6 @@ ROUTES = [
     ("GET", "/models/p/agent/v1/models"),
     ("POST", "/models/p/agent/v1/chat/completions"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_command(path: Path, port: int, *extra: str) -> list[str]:

@@ -14,7 +14,6 @@ import copy
 import http.server
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 
 import artnb as art
 from artnb.backends import skypilot as sp
+from artnb.backends.ports import free_port
 from artnb.backends.server import API_KEY_ENV
 
 KEY = "test-key-Zq8pL2"
@@ -180,12 +180,6 @@ def test_key_file_is_private_and_read_back(tmp_path):
     assert sp.key_file("art", tmp_path).stat().st_mode & 0o777 == 0o600
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_wait_for_health(tmp_path):
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -212,7 +206,7 @@ async def test_wait_for_health(tmp_path):
             await sp.wait_for_health(up, "not-its-key", running, 5, poll_s=0.05)
     finally:
         server.shutdown()
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(RuntimeError, match="FAILED_SETUP"):
         await sp.wait_for_health(closed, KEY, failed, 5, poll_s=0.05)
     with pytest.raises(TimeoutError):
@@ -225,7 +219,7 @@ def test_run_command_starts_artnb_serve_with_the_secret_key(tmp_path):
     artnb_cmd.parent.mkdir(parents=True)
     artnb_cmd.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m artnb.cli "$@"\n')
     artnb_cmd.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     spec = _spec(port=port, gpu=False)
     env = {**os.environ, "HOME": str(tmp_path), **spec.envs}
     env.pop(API_KEY_ENV, None)

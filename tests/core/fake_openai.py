@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from collections import deque
@@ -28,6 +27,8 @@ from typing import Any, Literal
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from artnb.backends.ports import free_port
 
 _TRAJECTORY = re.compile(r'<trajectory id="([^"]+)">(.*?)</trajectory>', re.DOTALL)
 _POINTS = re.compile(r"points=(\d+)")
@@ -167,7 +168,7 @@ class FakeJudge:
         self.arrivals: list[float] = []
         self.script: deque[Callable[[dict[str, Any]], Any]] = deque()
         self.default: Callable[[dict[str, Any]], Any] = good
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self._closing = False
         config = uvicorn.Config(
@@ -248,9 +249,3 @@ class FakeJudge:
         self._closing = True
         self._server.should_exit = True
         self._thread.join(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

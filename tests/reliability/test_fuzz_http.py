@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from artnb import models
 from artnb.backends.engines.hf.client import HFEngine
 from artnb.backends.engines.hf.server import HFServer, create_app
+from artnb.backends.ports import free_port
 
 EXAMPLES = 8  # per route, each sent four times (no key, two wrong ones, the key)
 BOUND_S = 60  # no answer may take longer; generation is bounded by max_tokens and the tiny model's context
 HOLDING = ("/artnb/hold",)
 SERVE_KEY = "fuzz-key-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_up(root: str, process: subprocess.Popen, log, timeout: float = 180) -> None:

@@ -11,9 +11,9 @@ watch `os.getppid()`), which covers a kernel killed with SIGKILL, where atexit n
 
 `ServerEngine` is the base class of both engine clients (port, API key, log, alive, stop, control calls);
 each subclass builds its server's command line and launches it with `_launch_until_ready()`. An automatic port
-is checked before launch, yet another program can still take it before the server binds (the server loads its
-model first): a server that exits on "address already in use" is launched again on a new port, up to
-PORT_TRIES times. A port the user chose is never changed.
+(picked below the kernel's ephemeral range, see ports.py) is checked before launch, yet another program can still
+take it before the server binds (the server loads its model first): a server that exits on "address already in
+use" is launched again on a new port, up to PORT_TRIES times. A port the user chose is never changed.
 
 Control calls (load/unload adapters, stats, release) time out after `control_timeout_s` (60 s: they take
 milliseconds to seconds, so a minute means the engine is hung or stopped). `hold()` waits for the batch in
@@ -31,7 +31,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from tqdm.auto import tqdm
 
 import artnb
 from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES
+from artnb.backends.ports import free_port, port_free
 
 log = logging.getLogger("artnb")
 
@@ -181,25 +181,7 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def port_free(port: int) -> bool:
-    """True when nothing listens on 127.0.0.1:`port` (a socket in TIME_WAIT does not count, as for uvicorn)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 PORT_TRIES = 3  # launches of a server whose automatic port another program took before it could bind
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerEngine:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import random
 import secrets
 import select
 import socket
@@ -48,6 +47,7 @@ from ..cpu_threads import cpu_threads
 from ..placement import FSDP_AUTHKEY_ENV as AUTHKEY_ENV
 from ..placement import FSDP_CONTROL_ENV as CONTROL_ENV
 from ..placement import Placement, local_gpus, plan_placement, visible_devices, weight_bytes
+from ..ports import free_port
 from .peft_trainer import context_length, grpo_sequences, sft_sequences
 
 _POLL_S = 0.1  # how often a waiting call checks that every rank is still there
@@ -374,26 +374,6 @@ def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range. A port the kernel hands out (bind to 0) is in that range,
-    and between choosing it here and a rank binding it, a socket the ranks open for gloo or nccl can be given the
-    same one (seen once in about ten starts); ports below the range are only taken by asking for them."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):  # not Linux: the IANA range's start
-        low = 49152
-    candidates = list(range(max(1024, low - 8192), low))
-    random.shuffle(candidates)
-    for port in candidates:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise OSError(f"no free port below {low} on 127.0.0.1 for the FSDP ranks")
 
 
 def _tail(path: Path) -> str:
