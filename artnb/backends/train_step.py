@@ -191,9 +191,8 @@ class TrainStep:
         try:
             await served.on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         except Exception as error:
-            if (
-                served.bill is not None and served.store.read_commit(step + 1) is None
-            ):  # else its row is on disk
+            row_on_disk = served.store.read_commit(step + 1) is not None  # it raised after the rename (fsync)
+            if served.bill is not None and not row_on_disk:
                 served.bill.give_back(metrics.pop(COST_KEY))
             if disk_full(error, served.store.dir):
                 raise DiskFullError(
