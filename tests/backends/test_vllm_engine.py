@@ -373,8 +373,8 @@ def test_server_group_exits_when_its_parent_dies(model_path, tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, env=env, text=True)
     try:
         server = int(parent.stdout.readline())
-        # vLLM's API server imports torch and vLLM before it starts its EngineCore: ~15 s on a quiet machine,
-        # minutes on a loaded one whose page cache lost those libraries (seen once in CI past 120 s).
+        # vLLM's API server imports torch and vLLM before it starts its EngineCore: ~15 s here, 25 s with both
+        # cores busy. CI once saw none within 120 s, cause unknown; the log in the message below will say.
         deadline = time.monotonic() + 400
         while 0 < len(group(server)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
