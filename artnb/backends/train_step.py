@@ -10,8 +10,8 @@ than GRPO's, and their second moments would shrink the first RL updates for ~100
 
 Until the commit nothing on disk changes. The commit (`RunStore.commit_step`) writes checkpoint step+1 with the
 step's history row and rollouts inside it and renames it into place: after that rename the step happened, and
-what follows (publishing the row and rollouts, loading the adapter into the engine, releasing held requests)
-cannot undo it; a failure there is a warning, and the work is finished later (`RunStore.publish_pending`, the
+what follows (the directory's fsync, publishing the row and rollouts, loading the adapter into the engine,
+releasing held requests) cannot undo it; a failure there is a warning, and the work is finished later (`RunStore.publish_pending`, the
 engine transport). A failure before the commit reloads the trainer from the last checkpoint, so the weights and
 optimizer in memory are never ahead of the disk.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ..core import metric_names as names
 from ..core.atomic import disk_full
@@ -191,21 +191,32 @@ class TrainStep:
         try:
             await served.on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         except Exception as error:
-            row_on_disk = served.store.read_commit(step + 1) is not None  # it raised after the rename (fsync)
-            if served.bill is not None and not row_on_disk:
-                served.bill.give_back(metrics.pop(COST_KEY))
-            if disk_full(error, served.store.dir):
-                raise DiskFullError(
-                    f"the disk of the run directory {served.store.dir} is full ({error}): step {step} was not "
-                    f"committed, and the run stays at step {step} with every committed step intact. Free some "
-                    "space there (e.g. `await model.delete_checkpoints()`), then call train again with the same "
-                    "groups"
-                ) from error
-            raise
+            if served.store.read_commit(step + 1) is None:
+                self._uncommitted(error, metrics)
+            # else it raised after the rename (the directory's fsync): the step happened, as the disk shows
+            self.notes.append(
+                f"artnb: step {step} is committed (checkpoint {step + 1:04d} is in place), but the disk reported an "
+                f"error after writing it ({error}). The run goes on at step {step + 1}; check that disk, since a "
+                "power loss now could lose the newest checkpoint"
+            )
         served.step = step + 1
         return TrainResult(
             step=step + 1, metrics=metrics, checkpoint_path=str(served.store.checkpoint_path(step + 1))
         )
+
+    def _uncommitted(self, error: Exception, metrics: dict[str, Any]) -> NoReturn:
+        """The commit failed before its rename: nothing of the step is on disk. Give its bill back and raise."""
+        served, step = self.served, self.step
+        if served.bill is not None:
+            served.bill.give_back(metrics.pop(COST_KEY))
+        if disk_full(error, served.store.dir):
+            raise DiskFullError(
+                f"the disk of the run directory {served.store.dir} is full ({error}): step {step} was not "
+                f"committed, and the run stays at step {step} with every committed step intact. Free some "
+                "space there (e.g. `await model.delete_checkpoints()`), then call train again with the same "
+                "groups"
+            ) from error
+        raise error
 
     async def _free_trainer_memory(self) -> None:
         """The trainer's cached GPU memory back to the device, before the engine wakes (part of commit)."""
