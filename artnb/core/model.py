@@ -330,7 +330,8 @@ class TrainableModel(Model[ModelConfig]):
     def set_temperature_annealer(self, annealer: LinearTemperatureAnnealer) -> None:
         """ART's temperature annealing: requests that name no temperature sample at the annealer's first value
         from now on, and at its next value after each `model.train` (core/temperature.py). Set before
-        `register`, as ART's examples do, or after: then the engine takes it as soon as this cell yields."""
+        `register`, as ART's examples do, or after: then the engine takes it as soon as this cell yields (in a
+        script outside any event loop, before this returns)."""
         if not callable(getattr(annealer, "step", None)):
             raise TypeError(
                 f"set_temperature_annealer takes an annealer with a step() method, e.g. "
@@ -341,11 +342,8 @@ class TrainableModel(Model[ModelConfig]):
         if self._backend is not None:
             try:
                 loop = asyncio.get_running_loop()
-            except RuntimeError:  # no event loop to send it on (a script, between asyncio.run calls)
-                warn_user(
-                    f"artnb: {self.name!r} is registered and no event loop runs here, so its engine takes the new "
-                    "default temperature after the next model.train; set the annealer before register, or in async code"
-                )
+            except RuntimeError:  # a script between two asyncio.run calls: send it now, on a loop of its own
+                asyncio.run(self._send_default_temperature())
                 return
             self._temperature_task = loop.create_task(self._send_default_temperature())
 

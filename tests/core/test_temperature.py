@@ -4,6 +4,7 @@ restarts. ART's examples/remote_backend/remote_2048.py sets one before register.
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import os
 import signal
@@ -64,3 +65,18 @@ async def test_the_engine_samples_at_the_schedule_each_train_moves_it_and_a_rest
         model.set_temperature_annealer(art.LinearTemperatureAnnealer(start=0.0, end=0.0, steps=1))
         await model._temperature_task  # set after register: sent as soon as this coroutine yields
         assert (await backend.engine_of(model).stats())["default_temperature"] == 0.0
+
+
+def test_an_annealer_set_in_a_script_outside_any_event_loop_reaches_the_engine_at_once(tmp_path):
+    """A script that calls asyncio.run once per phase: set between two of them, the schedule is sent before
+    set_temperature_annealer returns (it used to wait for the next train, with a warning)."""
+    model = art.TrainableModel(
+        name="script", project="p", base_model=tiny(hidden_size=64, num_layers=2, seed=1)
+    )
+    backend = LocalBackend(path=tmp_path, engine="hf")
+    asyncio.run(model.register(backend))
+    try:
+        model.set_temperature_annealer(art.LinearTemperatureAnnealer(start=0.3, end=0.2, steps=3))
+        assert asyncio.run(backend.engine_of(model).stats())["default_temperature"] == pytest.approx(0.3)
+    finally:
+        asyncio.run(backend.close())
