@@ -28,7 +28,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -53,6 +52,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
+from _throughput import engine_tokens_per_s, generate_tokens_per_s  # noqa: E402
+
 from artnb.backends.engines.hf.client import HFEngine  # noqa: E402
 from artnb.models import embedded_model_path, tiny  # noqa: E402
 
@@ -81,46 +82,6 @@ def conversations(batch: int) -> list[list[dict[str, str]]]:
     ]
 
 
-def generate_tokens_per_s(model, tokenizer, batch: int, tokens: int) -> float:
-    texts = [
-        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-        for c in conversations(batch)
-    ]
-    inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=tokens,
-            min_new_tokens=tokens,
-        )
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] - inputs["input_ids"].shape[1] == tokens
-    return batch * tokens / elapsed
-
-
-async def engine_tokens_per_s(client: openai.AsyncOpenAI, batch: int, tokens: int) -> float:
-    async def one(messages):
-        completion = await client.chat.completions.create(
-            model="smol",
-            messages=messages,
-            temperature=1.0,
-            max_tokens=tokens,
-            extra_body={"min_tokens": tokens},
-        )
-        return completion.usage.completion_tokens
-
-    start = time.perf_counter()
-    counts = await asyncio.gather(*[one(c) for c in conversations(batch)])
-    elapsed = time.perf_counter() - start
-    assert counts == [tokens] * batch, counts
-    return sum(counts) / elapsed
-
-
 async def main() -> None:
     args = ARGS
     batches = [int(b) for b in (args.batches or ("8,1" if args.model == "embedded" else "64,8")).split(",")]
@@ -139,14 +100,20 @@ async def main() -> None:
     await engine.start()
     client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key)
     try:
-        await engine_tokens_per_s(client, 8, 4)  # warm-up: first forward passes are slower
-        generate_tokens_per_s(model, tokenizer, 8, 4)
+        await engine_tokens_per_s(
+            client, "smol", conversations(8), 4
+        )  # warm-up: first forward passes are slower
+        generate_tokens_per_s(model, tokenizer, conversations(8), 4)
         best: dict[tuple[str, int], float] = {}
         for _ in range(args.repeats):
             for batch in batches:
                 runs = {
-                    ("generate", batch): generate_tokens_per_s(model, tokenizer, batch, args.tokens),
-                    ("engine", batch): await engine_tokens_per_s(client, batch, args.tokens),
+                    ("generate", batch): generate_tokens_per_s(
+                        model, tokenizer, conversations(batch), args.tokens
+                    ),
+                    ("engine", batch): await engine_tokens_per_s(
+                        client, "smol", conversations(batch), args.tokens
+                    ),
                 }
                 for key, value in runs.items():
                     best[key] = max(best.get(key, 0.0), value)

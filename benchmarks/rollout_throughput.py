@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import openai
@@ -29,6 +28,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # runs from a checkout without `pip install -e .`
+from _throughput import engine_tokens_per_s, generate_tokens_per_s  # noqa: E402
+
 from artnb.backends.engines.hf.client import HFEngine  # noqa: E402
 from artnb.backends.engines.vllm.client import VLLMEngine, vllm_import_error  # noqa: E402
 from artnb.models import embedded_model_path  # noqa: E402
@@ -59,46 +60,6 @@ def make_adapter(path: str, directory: Path) -> Path:
     config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
     get_peft_model(AutoModelForCausalLM.from_pretrained(path), config).save_pretrained(directory)
     return directory
-
-
-def generate_tokens_per_s(model, tokenizer, batch: int, tokens: int) -> float:
-    texts = [
-        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-        for c in conversations(batch)
-    ]
-    inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=tokens,
-            min_new_tokens=tokens,
-        )
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] - inputs["input_ids"].shape[1] == tokens
-    return batch * tokens / elapsed
-
-
-async def engine_tokens_per_s(client: openai.AsyncOpenAI, model: str, batch: int, tokens: int) -> float:
-    async def one(messages):
-        completion = await client.chat.completions.create(
-            model=model,
-            messages=messages,
-            temperature=1.0,
-            max_tokens=tokens,
-            extra_body={"min_tokens": tokens},
-        )
-        return completion.usage.completion_tokens
-
-    start = time.perf_counter()
-    counts = await asyncio.gather(*[one(c) for c in conversations(batch)])
-    elapsed = time.perf_counter() - start
-    assert counts == [tokens] * batch, counts
-    return sum(counts) / elapsed
 
 
 async def main() -> None:
@@ -136,20 +97,20 @@ async def main() -> None:
         }
         for client in clients.values():  # warm-up: first forward passes are slower
             for model in ("smol", "agent"):
-                await engine_tokens_per_s(client, model, 8, 4)
+                await engine_tokens_per_s(client, model, conversations(8), 4)
         for model in (base, tuned):
-            generate_tokens_per_s(model, tokenizer, 8, 4)
+            generate_tokens_per_s(model, tokenizer, conversations(8), 4)
         for _ in range(args.repeats):
             for batch in BATCHES:
                 for lora in (False, True):
                     runs = {
                         "model.generate": generate_tokens_per_s(
-                            tuned if lora else base, tokenizer, batch, args.tokens
+                            tuned if lora else base, tokenizer, conversations(batch), args.tokens
                         )
                     }
                     for name, client in clients.items():
                         runs[name] = await engine_tokens_per_s(
-                            client, "agent" if lora else "smol", batch, args.tokens
+                            client, "agent" if lora else "smol", conversations(batch), args.tokens
                         )
                     for name, value in runs.items():
                         best[name, lora, batch] = max(best.get((name, lora, batch), 0.0), value)
