@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import statistics
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -133,6 +134,7 @@ async def delete_checkpoints(served: ServedModel, best_checkpoint_metric: str) -
             return []
         keep = {steps[-1]}
         history = store.history()
+        _check_metric_known(best_checkpoint_metric, history.columns)
         if best_checkpoint_metric in history.columns:
             rows = history[["step", best_checkpoint_metric]].dropna()
             rows = rows[rows["step"].isin(steps)]
@@ -148,6 +150,24 @@ async def delete_checkpoints(served: ServedModel, best_checkpoint_metric: str) -
         for s in deleted:
             store.delete_checkpoint(s)
         return deleted
+
+
+def _check_metric_known(metric: str, columns: Iterable[str]) -> None:
+    """A metric the caller named that the history lacks (a typo, or one never logged) would make "keep the best"
+    keep only the latest: refuse before deleting anything. ART's default metric may be absent (no validation was
+    logged): then only the latest is kept, with a warning, as in ART."""
+    columns = [c for c in columns if c not in ("step", "split")]
+    if metric == names.BEST_CHECKPOINT_METRIC or metric in columns:
+        return
+    close = difflib.get_close_matches(metric, columns, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    shown = sorted(columns)[:20]
+    more = f" and {len(columns) - len(shown)} more" if len(columns) > len(shown) else ""
+    raise ValueError(
+        f"delete_checkpoints(best_checkpoint_metric={metric!r}): the run's history has no {metric!r}, so the best "
+        f"checkpoint by it cannot be found, and nothing was deleted. {hint}Columns in the history: "
+        f"{', '.join(shown) or 'none'}{more}"
+    )
 
 
 class RunOperations:

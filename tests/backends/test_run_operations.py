@@ -1,0 +1,46 @@
+"""`model.delete_checkpoints(best_checkpoint_metric)`: keeps the latest and the best step by that metric, and
+refuses, deleting nothing, when the history has no such metric (a typo would otherwise keep only the latest)."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_loop import gather
+
+import artnb as art
+
+CONFIG = art.TrainConfig(learning_rate=1e-2)
+
+
+@pytest.fixture
+async def three_steps(tmp_path):
+    """A run of the tiny model trained 3 steps, with `val/acc` logged best at step 1."""
+    model = art.TrainableModel(name="agent", project="ops", base_model=art.models.tiny())
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        for step, acc in enumerate([0.2, 0.9, 0.5]):
+            await model.log(metrics={"val/acc": acc}, step=step)
+            await model.train(await gather(model, step), config=CONFIG)
+        yield model
+
+
+async def test_a_metric_the_history_lacks_deletes_nothing_and_names_the_close_ones(three_steps):
+    model = three_steps
+    with pytest.raises(ValueError, match=r"no 'val/accuracy'.*nothing was deleted.*did you mean 'val/acc'"):
+        await model.delete_checkpoints("val/accuracy")
+    assert model.store.steps() == [0, 1, 2, 3]
+
+
+async def test_the_latest_and_the_best_by_the_metric_are_kept(three_steps):
+    model = three_steps
+    assert await model.delete_checkpoints("val/acc") == [0, 2]
+    assert model.store.steps() == [1, 3]
+
+
+async def test_without_validation_logged_the_default_metric_keeps_the_latest_as_in_art(tmp_path):
+    model = art.TrainableModel(name="agent", project="ops", base_model=art.models.tiny())
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        await model.train(await gather(model, 0), config=CONFIG)
+        with pytest.warns(UserWarning, match="no 'val/reward' in the history; keeping only the latest"):
+            assert await model.delete_checkpoints() == [0]
+        assert model.store.steps() == [1]
