@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -221,7 +222,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         cuda = on_cuda()
         settings = model_settings(model, base_path, self.gpu_preset, on_cuda=cuda)
         apply_placement(settings, self.trainer, base_path, self.trainer_config, on_cuda=cuda)
-        store.write_model_info(_model_info(model))
+        await asyncio.to_thread(_check_run_settings, store, model)
 
         async def start_engine(model: TrainableModel) -> Engine:
             return await self.launcher.start(base_path, model, store, settings)
@@ -261,6 +262,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
             else:
                 await served.on_trainer_thread(trainer.load_checkpoint, store.checkpoint_path(step))
             await served.ensure_engine()
+            await asyncio.to_thread(store.write_model_info, _model_info(model))  # only once it serves
             return served
         except BaseException:
             if trainer_task is not None:
@@ -393,6 +395,44 @@ def _outcome(served: ServedModel, step: TrainStep, result: TrainResult) -> Train
     if commit is None:
         return TrainOutcome(result)
     return TrainOutcome(result, Committed((step.step, result.step), commit.id, dict(commit.history)))
+
+
+def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
+    """A run's checkpoints continue only on the base model and LoRA shape they were trained with (model.json).
+    Another base with the same shapes would load silently and train a mismatched adapter; another shape fails
+    deep in PEFT. Both are refused here, before the run is touched."""
+    step = store.latest_step()
+    info = store.dir / "model.json"
+    if step is None or not info.is_file():
+        return
+    try:
+        recorded = json.loads(info.read_text())
+    except (OSError, ValueError):
+        return  # unreadable: nothing to compare against, and register rewrites it
+    now = _model_info(model)
+    changed = (
+        [f"base_model {recorded['base_model']!r} -> {now['base_model']!r}"]
+        if ("base_model" in recorded and recorded["base_model"] != now["base_model"])
+        else []
+    )
+    old_lora = recorded.get("lora") if isinstance(recorded.get("lora"), dict) else {}
+    for key in ("r", "alpha", "target_modules"):  # what shapes the adapter or scales it (not dropout)
+        if key in old_lora and old_lora[key] != now["lora"].get(key):
+            changed.append(f"lora.{key} {old_lora[key]!r} -> {now['lora'].get(key)!r}")
+    if not changed:
+        return
+    start_over = (
+        f"; it has not trained yet, so deleting {store.dir} starts it over with the new settings"
+        if step == 0
+        else ""
+    )
+    raise ValueError(
+        f"run {model.project}/{model.name} ({store.dir}) was made with other settings: {'; '.join(changed)}. Its "
+        "checkpoints continue only on the base model and LoRA they were trained with, so nothing was loaded or "
+        f"changed. Register it with the settings in {info}, or give the new model another name (or project)"
+        f"{start_over}. If only the base model's place changed (the same weights at another path or id), edit "
+        f"base_model in {info}"
+    )
 
 
 def _model_info(model: Model) -> dict[str, Any]:

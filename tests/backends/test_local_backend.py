@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 import signal
 import warnings
 
@@ -66,6 +67,34 @@ async def test_register_train_resume(tmp_path, base):
         assert await model2.get_step() == 1
         traj = await pick(model2, seed=1)
         assert traj.messages_and_choices[-1].message.content in CHOICES
+
+
+async def test_a_run_refuses_another_base_model_or_lora_shape_and_keeps_its_record(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        await model.train(await gather(model, 0), config=art.TrainConfig(learning_rate=1e-2))
+    record = tmp_path / "p/models/agent/model.json"
+    before = record.read_text()
+    others = {  # each would load step 1's adapter onto what it was not trained for
+        "base_model": tiny(hidden_size=64, num_layers=2, seed=2),  # the same shapes, other weights
+        "lora.r": art.LoRAConfig(r=16),
+    }
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        for changed, value in others.items():
+            other = art.TrainableModel(
+                name="agent",
+                project="p",
+                **({"base_model": value} if changed == "base_model" else {"base_model": base, "lora": value}),
+            )
+            with pytest.raises(
+                ValueError, match=rf"other settings: {re.escape(changed)} .*nothing was loaded"
+            ):
+                await other.register(backend)
+            assert record.read_text() == before
+        again = art.TrainableModel(name="agent", project="p", base_model=base)
+        await again.register(backend)  # the run's own settings still resume it
+        assert await again.get_step() == 1
 
 
 async def test_inference_waits_during_training_and_gets_the_new_adapter(tmp_path, base):
