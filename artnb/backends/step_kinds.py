@@ -54,9 +54,12 @@ class GRPOStep:
         )
 
     def nothing_left(self, batch: TokenizedBatch) -> bool:
-        """No sequence left because they were too long: nothing to train. (Equal rewards everywhere is a real
-        measurement instead: the step advances without an update.)"""
-        return not batch.sequences and bool(batch.metrics["num_dropped_too_long"])
+        """No sequence left because they were too long, or because every group lost its rollouts but one to
+        failures: nothing to train. (Equal rewards everywhere is a real measurement instead: the step advances
+        without an update.)"""
+        m = batch.metrics
+        every_group_too_small = m["num_groups_too_small"] == m["num_groups"]
+        return not batch.sequences and (bool(m["num_dropped_too_long"]) or every_group_too_small)
 
     def raises_when_nothing(self, config: TrainConfig) -> bool:
         return config.on_nothing_to_train == "raise"

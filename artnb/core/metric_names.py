@@ -56,6 +56,7 @@ DATA = {
     "num_groups": "groups in the batch",
     "num_groups_trainable": "groups with a reward spread (the others teach nothing)",
     "num_zero_advantage_skipped": "trajectories with zero advantage, left out",
+    "num_groups_too_small": "groups left with fewer than 2 finished rollouts (the others failed), left out",
     "num_dropped_too_long": "sequences over max_seq_length, left out",
     "num_histories_without_turns": "histories with no assistant message (an agent that never played), left out",
     "num_tokens": "tokens in the trained sequences, prompts included",

@@ -290,6 +290,8 @@ def _differing(groups: Sequence[TrajectoryGroup], name: str, trains: bool = True
     scored = [g for g in groups if len(g.trajectories) >= 2]
     differ = [g for g in scored if _spread(g.rewards()) > 1e-9]
     finding = f"{len(differ)} of {len(scored)} groups"
+    if len(scored) < len(groups):  # a group that kept < 2 rollouts is left out of training
+        finding += f" ({len(groups) - len(scored)} more kept fewer than 2 finished rollouts: left out)"
     if not scored:
         return Check(
             name, "fail", "no group has two finished rollouts", "raise group_size, fix failing rollouts"

@@ -330,14 +330,9 @@ def _validate(
 ) -> None:
     for gi, group in enumerate(groups):
         n = len(group.trajectories)
-        if n < 2:
-            failed = (
-                f" ({len(group.exceptions)} rollouts failed: see group.exceptions)"
-                if group.exceptions
-                else ""
-            )
+        if n < 2 and not group.exceptions:  # a group made of one rollout: the loop is built wrong
             raise ValueError(
-                f"group {gi} has {n} trajector{'y' if n == 1 else 'ies'}{failed}; GRPO needs >= 2 to compare. "
+                f"group {gi} has {n} trajector{'y' if n == 1 else 'ies'}; GRPO needs >= 2 to compare. "
                 "Run several rollouts of the same scenario per group; nothing was trained"
             )
     check_rewards(groups)
@@ -358,15 +353,28 @@ def tokenize_groups(
 ) -> TokenizedBatch:
     """Validate the whole batch, compute group advantages, and tokenise every trajectory that has a nonzero one.
 
-    Raises before tokenising anything if a group has fewer than 2 trajectories, a reward is not finite, or a
-    trajectory has no trainable turn. Sequences longer than `max_seq_length` are dropped with a warning.
+    Raises before tokenising anything if a group has fewer than 2 trajectories and no failed rollouts (a loop
+    built with one rollout per group), a reward is not finite, or a trajectory has no trainable turn. A group
+    left with fewer than 2 because its other rollouts failed is left out with a warning (counted in
+    `num_groups_too_small`), as ART leaves it out. Sequences longer than `max_seq_length` are dropped with a warning.
     """
     _validate(tokenizer, groups, allow_training_without_logprobs)
     sequences: list[TokenizedSequence] = []
-    zero = too_long = trainable_groups = without_turns = 0
+    zero = too_long = trainable_groups = without_turns = too_small = 0
     rewards: list[float] = []
     stds: list[float] = []
     for gi, group in enumerate(groups):
+        if (
+            len(group.trajectories) < 2
+        ):  # its other rollouts failed (_validate): nothing to compare, as in ART
+            too_small += 1
+            warnings.warn(
+                f"group {gi} has {len(group.trajectories)} finished rollout(s) ({len(group.exceptions)} failed: "
+                "see group.exceptions) and was left out of this step, since GRPO compares >= 2; the other groups "
+                "train. Fix the failing rollouts, or lower max_exceptions to stop at such failures",
+                stacklevel=2,
+            )
+            continue
         group_rewards = [float(r) for r in group.rewards()]
         rewards.extend(group_rewards)
         mean = sum(group_rewards) / len(group_rewards)
@@ -403,6 +411,7 @@ def tokenize_groups(
         "num_trajectories": float(num_trajectories),
         "num_groups_trainable": float(trainable_groups),
         "num_zero_advantage_skipped": float(zero),
+        "num_groups_too_small": float(too_small),
         "num_dropped_too_long": float(too_long),
         "num_histories_without_turns": float(without_turns),
         "num_sequences": float(len(sequences)),
@@ -416,13 +425,20 @@ def tokenize_groups(
         metrics,
         None
         if sequences
-        else _skipped_reason(len(groups), zero, too_long, without_turns, len(rewards) - zero),
+        else _skipped_reason(len(groups), zero, too_long, without_turns, len(rewards) - zero, too_small),
     )
 
 
-def _skipped_reason(num_groups: int, zero: int, too_long: int, without_turns: int, nonzero: int) -> str:
+def _skipped_reason(
+    num_groups: int, zero: int, too_long: int, without_turns: int, nonzero: int, too_small: int = 0
+) -> str:
     if num_groups == 0:
         return "no groups were given; gather some trajectory groups first"
+    if too_small == num_groups:
+        return (
+            "every group has fewer than 2 finished rollouts (the others raised: see group.exceptions); fix the "
+            "failing rollouts"
+        )
     if nonzero and too_long == 0:
         return (
             f"no trajectory with a nonzero advantage has an assistant turn ({without_turns} histories have none); "

@@ -183,6 +183,16 @@ async def test_bad_batches_fail_before_anything_changes(tmp_path, base):
             await model.train(groups, learning_rte=1e-2)
         assert await model.get_step() == 0
         assert not (tmp_path / "p/models/agent/trajectories").exists()
+        # a group that kept one rollout because the others failed (max_exceptions): left out, the rest trains
+        failed = art.TrajectoryGroup(groups[0].trajectories[:1], exceptions=[RuntimeError("tool down")] * 7)
+        with pytest.raises(art.NothingToTrainError, match="fewer than 2 finished rollouts"):
+            with pytest.warns(UserWarning, match="left out"):
+                await model.train([failed], learning_rate=1e-2)
+        assert await model.get_step() == 0
+        groups[1].trajectories[3].reward = 0.0
+        with pytest.warns(UserWarning, match="group 0 has 1 finished rollout"):
+            result = await model.train([failed, groups[1]], learning_rate=1e-2)
+        assert result.step == 1 and result.metrics["data/num_groups_too_small"] == 1
 
 
 def open_sockets() -> int:

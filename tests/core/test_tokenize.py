@@ -338,6 +338,28 @@ def test_group_of_one_is_rejected(tok):
         tokenize_groups(tok, groups)
 
 
+def test_a_group_whose_other_rollouts_failed_is_left_out_and_the_others_train(tok):
+    """max_exceptions let 3 of a group's 4 rollouts fail: that group has nothing to compare, the rest train."""
+    failed = [RuntimeError("tool server down")] * 3
+    groups = [
+        TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, 1)]),
+        TrajectoryGroup([traj_with_reward(tok, 1)], exceptions=failed),
+        TrajectoryGroup([traj_with_reward(tok, 1), traj_with_reward(tok, 0)]),
+    ]
+    with pytest.warns(UserWarning, match=r"group 1 has 1 finished rollout\(s\) \(3 failed.*left out"):
+        batch = tokenize_groups(tok, groups)
+    assert {s.group_index for s in batch.sequences} == {0, 2}
+    assert batch.metrics["num_groups_too_small"] == 1 and batch.metrics["num_groups_trainable"] == 2
+
+
+def test_when_every_group_lost_its_rollouts_nothing_is_left_and_the_reason_says_so(tok):
+    groups = [TrajectoryGroup([traj_with_reward(tok, 1)], exceptions=[RuntimeError("down")])] * 2
+    with pytest.warns(UserWarning, match="left out"):
+        batch = tokenize_groups(tok, groups)
+    assert not batch.sequences
+    assert batch.skipped_reason is not None and "fewer than 2 finished rollouts" in batch.skipped_reason
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_reward_is_rejected(tok, bad):
     groups = [TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, bad)])]
