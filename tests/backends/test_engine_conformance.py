@@ -180,6 +180,17 @@ async def test_include_usage_ends_the_stream_with_the_usage(clients, engine):
     assert len(joined.choices[0].model_extra["token_ids"]) == 6
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_usage_counts_the_prompt_once_for_several_choices(clients, engine):
+    """n=3: usage as OpenAI reports it (a cost tracker or Langfuse reads total_tokens), streamed or not."""
+    request = dict(model="base", messages=HELLO, max_tokens=5, n=3, extra_body={"min_tokens": 5})
+    usage = (await clients[engine].chat.completions.create(**request)).usage
+    chunks, _ = await streamed(clients[engine], **request, stream_options={"include_usage": True})
+    for u in (usage, chunks[-1].usage):
+        assert u.completion_tokens == 15
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
 def _check_calls(calls, allowed: set[str]) -> None:
     import jsonschema
 

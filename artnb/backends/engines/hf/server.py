@@ -569,7 +569,8 @@ class HFServer:
             "usage": {
                 "prompt_tokens": len(prompt),
                 "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) * len(rows) + completion_tokens,
+                "total_tokens": len(prompt)
+                + completion_tokens,  # the prompt once, as OpenAI and vLLM count it
             },
         }
         return json.dumps(completion, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

@@ -128,7 +128,7 @@ class ChunkStream:
         usage = {
             "prompt_tokens": len(self.prompt),
             "completion_tokens": completion,
-            "total_tokens": len(self.prompt) * len(self.rows) + completion,
+            "total_tokens": len(self.prompt) + completion,  # the prompt once, as OpenAI and vLLM count it
         }
         return [self._event(model, [], usage=usage)]
 
