@@ -9,6 +9,7 @@ connection pool per model that every client of the model shares (the backend clo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import httpx
@@ -27,8 +28,20 @@ class EngineTransport(httpx.AsyncBaseTransport):
         self.lookup = lookup
         self.inner = _connection_pool()
         self.port: int | None = None  # the engine the pool's connections lead to
+        self.loop: asyncio.AbstractEventLoop | None = None  # the event loop they belong to
+
+    def _on_this_loop(self) -> None:
+        """A script that calls asyncio.run once per phase gives each phase a new event loop: the connections the
+        last one opened cannot be used, or closed, from this one. A fresh pool; the old one's sockets close when
+        it is collected."""
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            if self.loop is not None:
+                self.inner, self.port = _connection_pool(), None
+            self.loop = loop
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._on_this_loop()
         served = self.lookup()
         if not served.engine_current():
             await served.ensure_engine()
@@ -57,6 +70,7 @@ class EngineTransport(httpx.AsyncBaseTransport):
         """A client closing leaves the pool to the backend: other clients of the same model share it."""
 
     async def close_pool(self) -> None:
+        self._on_this_loop()
         await self.inner.aclose()
 
 

@@ -195,6 +195,25 @@ async def test_bad_batches_fail_before_anything_changes(tmp_path, base):
         assert result.step == 1 and result.metrics["data/num_groups_too_small"] == 1
 
 
+def test_a_script_may_run_each_phase_in_its_own_asyncio_run(tmp_path, base):
+    """register, rollouts + train, close: each in an asyncio.run of its own, as scripts do. The model's pooled
+    connections belong to the loop that opened them; a later loop gets its own (close used to raise "Event
+    loop is closed")."""
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    backend = art.LocalBackend(path=tmp_path, engine="hf")
+    asyncio.run(model.register(backend))
+
+    async def step() -> int:
+        result = await model.train(await gather(model, 0), learning_rate=1e-2)
+        return result.step
+
+    assert asyncio.run(step()) == 1
+    assert asyncio.run(step()) == 2
+    engine = backend.engine_of(model)
+    asyncio.run(backend.close())
+    assert not engine.alive()
+
+
 def open_sockets() -> int:
     count = 0
     for fd in os.listdir("/proc/self/fd"):
