@@ -94,11 +94,22 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .backends.local import check_run_path
     from .backends.machine_bill import checked_price
     from .backends.server import API_KEY_ENV, check_bind, serve
 
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     try:
+        if not 1 <= args.port <= 65535:
+            raise ValueError(f"--port {args.port}: pass a TCP port from 1 to 65535")
+        if args.max_request_bytes <= 0:
+            raise ValueError(f"--max-request-bytes {args.max_request_bytes}: pass a positive number of bytes")
+        if args.engine_options is not None and not isinstance(args.engine_options, dict):
+            raise ValueError(
+                f"--engine-options {json.dumps(args.engine_options)}: give a JSON object of engine settings, "
+                'e.g. \'{"extra_args": ["--max-model-len", "4096"]}\''
+            )
+        check_run_path(args.path, "--path")
         check_bind(args.host, api_key)
         trainer_config = _trainer_config(args.trainer_config)
         if trainer_config is not None:

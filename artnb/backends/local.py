@@ -21,7 +21,8 @@ import asyncio
 import contextvars
 import functools
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -92,8 +93,8 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         *,
         engine: EngineKind = "auto",
         trainer: TrainerKind = "auto",
-        trainer_config: TrainerConfig | None = None,
-        engine_options: dict[str, Any] | None = None,
+        trainer_config: TrainerConfig | Mapping[str, Any] | None = None,
+        engine_options: Mapping[str, Any] | None = None,
         gpu_preset: GPUPreset | Literal["auto"] | None = "auto",
         in_process: bool = False,
         gpu_cost_per_hour_usd: float | None = None,
@@ -112,13 +113,14 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
             raise TypeError(
                 f"gpu_preset={gpu_preset!r}: pass 'auto', None or a GPUPreset (gpu_presets.preset_for)"
             )
+        trainer_config, engine_options = _checked_options(trainer_config, engine_options)
         if low_memory if low_memory is not None else low_memory_requested():
             engine = "hf" if engine == "auto" else engine
             trainer_config = trainer_config or TrainerConfig(gradient_checkpointing=True)
             if engine == "hf":
                 engine_options = {"max_batch_size": 8, **(engine_options or {})}
         self.launcher = EngineLauncher(engine, dict(engine_options or {}))
-        self.path = Path(path).expanduser().resolve()
+        self.path = check_run_path(path)
         self.engine = engine  # what was asked for; each registered model's engine says what runs
         self.trainer = trainer
         self.gpu_preset: GPUPreset | Literal["auto"] | None = gpu_preset
@@ -395,6 +397,44 @@ def _outcome(served: ServedModel, step: TrainStep, result: TrainResult) -> Train
     if commit is None:
         return TrainOutcome(result)
     return TrainOutcome(result, Committed((step.step, result.step), commit.id, dict(commit.history)))
+
+
+def check_run_path(path: str | Path, what: str = "LocalBackend(path=...)") -> Path:
+    """The backend's directory, resolved; refused at once if it cannot hold runs (rather than at the first
+    register, after a model has loaded)."""
+    resolved = Path(path).expanduser().resolve()
+    existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(
+            f"{what} {str(path)!r}: {existing} is a file, not a directory, so no run directory can be "
+            "made under it; pass a directory's path (it is created if missing)"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{what} {str(path)!r}: {existing} is not writable here (read-only, or another user's), so "
+            "no run can be saved; pass a directory this process can write"
+        )
+    return resolved
+
+
+def _checked_options(
+    trainer_config: TrainerConfig | Mapping[str, Any] | None, engine_options: Mapping[str, Any] | None
+) -> tuple[TrainerConfig | None, Mapping[str, Any] | None]:
+    """trainer_config as a TrainerConfig (a dict of its fields is taken, as `artnb serve --trainer-config`
+    takes JSON); engine_options must be a dict."""
+    if isinstance(trainer_config, Mapping):
+        trainer_config = TrainerConfig.model_validate(dict(trainer_config))
+    elif trainer_config is not None and not isinstance(trainer_config, TrainerConfig):
+        raise TypeError(
+            f"LocalBackend(trainer_config=...) takes art.TrainerConfig(...) or a dict of its fields; got "
+            f"{type(trainer_config).__name__}"
+        )
+    if engine_options is not None and not isinstance(engine_options, Mapping):
+        raise TypeError(
+            f"LocalBackend(engine_options=...) takes a dict of engine settings, e.g. "
+            f"{{'extra_args': ['--max-model-len', '4096']}}; got {type(engine_options).__name__}"
+        )
+    return trainer_config, engine_options
 
 
 def _check_run_settings(store: RunStore, model: TrainableModel) -> None:

@@ -4,6 +4,7 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import warnings
 
 import pytest
@@ -287,3 +288,33 @@ async def test_groups_dropped_by_after_each_are_counted_in_the_history(tmp_path,
         await model.train(groups, learning_rate=1e-2)
         row = model.history().iloc[0]
         assert row["train/after_each_failures"] == 1 and row["train/num_trajectories"] == 8
+
+
+def test_a_path_that_cannot_hold_runs_is_refused_when_the_backend_is_made(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ValueError, match=r"afile is a file, not a directory.*pass a directory"):
+        art.LocalBackend(path=afile / "runs")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(readonly)], capture_output=True
+    )
+    if mounted.returncode != 0:  # root ignores file modes: only a read-only mount shows the case
+        pytest.skip(f"cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip()})")
+    try:
+        with pytest.raises(
+            ValueError, match=r"ro is not writable here.*pass a directory this process can write"
+        ):
+            art.LocalBackend(path=readonly / "runs")
+    finally:
+        subprocess.run(["umount", "-l", str(readonly)], check=False)
+
+
+def test_trainer_config_takes_a_dict_of_its_fields_and_engine_options_must_be_a_dict(tmp_path):
+    backend = art.LocalBackend(path=tmp_path, trainer_config={"gradient_checkpointing": True})
+    assert backend.trainer_config == art.TrainerConfig(gradient_checkpointing=True)
+    with pytest.raises(TypeError, match=r"engine_options=...\) takes a dict of engine settings.*got list"):
+        art.LocalBackend(path=tmp_path, engine_options=[1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"trainer_config=...\) takes art.TrainerConfig"):
+        art.LocalBackend(path=tmp_path, trainer_config=[1])  # type: ignore[arg-type]

@@ -146,6 +146,10 @@ def test_health_is_open_and_every_other_route_needs_the_key(server):
         ),
         (("--gpu-cost-per-hour-usd", "-2"), r"gpu_cost_per_hour_usd=-2.0: pass the machine's price"),
         (("--gpu-cost-per-hour-usd", "nan"), r"gpu_cost_per_hour_usd=nan: .* a number >= 0"),
+        (("--port", "99999"), r"--port 99999: pass a TCP port from 1 to 65535"),  # was: served on 34463
+        (("--max-request-bytes", "-5"), r"--max-request-bytes -5: pass a positive number"),
+        (("--engine-options", "[1]"), r"--engine-options \[1\]: give a JSON object"),
+        (("--path", __file__), r"--path .*is a file, not a directory"),
     ],
 )
 def test_a_bad_setting_stops_artnb_serve_before_it_listens(tmp_path, flags, message):
