@@ -4,16 +4,20 @@ as it is now, serving the newest committed step.
 Why not a plain client on the engine's URL: an engine that died is restarted on a new port with a new key, and
 clients made before the restart stay in users' hands (in notebook variables, in rollout closures). The transport
 looks the engine up per request, restarts a dead one first, loads a newer committed step first, and keeps one
-connection pool per model that every client of the model shares (the backend closes it).
+connection pool per model that every client of the model shares (the backend closes it). A request for an older
+step the engine does not serve (`model.get_inference_name(step)` after a restart, e.g. the best checkpoint that
+delete_checkpoints kept) loads that checkpoint from the run directory and is sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import httpx
 
+from ..core.names import from_art_step
 from .served import ServedModel
 
 
@@ -29,6 +33,7 @@ class EngineTransport(httpx.AsyncBaseTransport):
         self.inner = _connection_pool()
         self.port: int | None = None  # the engine the pool's connections lead to
         self.loop: asyncio.AbstractEventLoop | None = None  # the event loop they belong to
+        self.loading = asyncio.Lock()
 
     def _on_this_loop(self) -> None:
         """A script that calls asyncio.run once per phase gives each phase a new event loop: the connections the
@@ -37,7 +42,7 @@ class EngineTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         if self.loop is not loop:
             if self.loop is not None:
-                self.inner, self.port = _connection_pool(), None
+                self.inner, self.port, self.loading = _connection_pool(), None, asyncio.Lock()
             self.loop = loop
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -56,7 +61,11 @@ class EngineTransport(httpx.AsyncBaseTransport):
             request.url = request.url.copy_with(port=port)
         request.headers["Authorization"] = f"Bearer {served.engine.api_key}"
         try:
-            return await self.inner.handle_async_request(request)
+            response = await self.inner.handle_async_request(request)
+            if response.status_code == 404 and await self._load_named_checkpoint(served, request):
+                await response.aclose()
+                response = await self.inner.handle_async_request(request)
+            return response
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
             if not served.engine.alive():
                 raise EngineDiedError(
@@ -65,6 +74,39 @@ class EngineTransport(httpx.AsyncBaseTransport):
                     "it."
                 ) from exc
             raise
+
+    async def _load_named_checkpoint(self, served: ServedModel, request: httpx.Request) -> bool:
+        """A request for `name@N` (or ART's `name:stepN`) that the engine does not serve, where checkpoint N is in
+        the run directory (a best step kept by delete_checkpoints, after a restart): load it, True to resend."""
+        if request.method != "POST":
+            return False
+        try:
+            asked = json.loads(request.content).get("model")
+        except (ValueError, AttributeError, httpx.RequestNotRead):
+            return False
+        name, _, step = from_art_step(asked).rpartition("@") if isinstance(asked, str) else ("", "", "")
+        if name != served.model.name or not step.isdigit() or int(step) not in served.store.steps():
+            return False
+        adapter = f"{name}@{int(step)}"
+        async with self.loading:  # rollouts in parallel asking for the same step: one load
+            if adapter not in await self._served_names(served):  # (the engine keeps its newest few loaded)
+                await served.engine.load_adapter(adapter, str(served.store.checkpoint_path(int(step))))
+        return True
+
+    async def _served_names(self, served: ServedModel) -> set[str]:
+        """What the engine serves now (GET /v1/models), over the pool (a client here would close it on exit)."""
+        request = httpx.Request(
+            "GET",
+            served.engine.base_url.rstrip("/") + "/models",
+            headers={"Authorization": f"Bearer {served.engine.api_key}"},
+            extensions={"timeout": httpx.Timeout(60).as_dict()},
+        )
+        response = await self.inner.handle_async_request(request)
+        try:
+            body = json.loads(await response.aread())
+        finally:
+            await response.aclose()
+        return {m["id"] for m in body.get("data", [])} if response.status_code == 200 else set()
 
     async def aclose(self) -> None:
         """A client closing leaves the pool to the backend: other clients of the same model share it."""

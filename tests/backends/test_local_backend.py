@@ -7,6 +7,7 @@ import signal
 import subprocess
 import warnings
 
+import openai
 import pytest
 
 import artnb as art
@@ -318,3 +319,31 @@ def test_trainer_config_takes_a_dict_of_its_fields_and_engine_options_must_be_a_
         art.LocalBackend(path=tmp_path, engine_options=[1])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"trainer_config=...\) takes art.TrainerConfig"):
         art.LocalBackend(path=tmp_path, trainer_config=[1])  # type: ignore[arg-type]
+
+
+async def test_an_older_checkpoint_on_disk_is_served_when_a_request_names_it(tmp_path, base):
+    """After a restart the engine serves the newest step only; asking for a kept older one (the best by
+    delete_checkpoints, say) loads it from the run directory, in both spellings, for many requests at once."""
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        for step in range(2):
+            await model.train(await gather(model, step), learning_rate=1e-2)
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        served = [m.id for m in (await model.openai_client().models.list()).data]
+        assert "agent@1" not in served
+        client = model.openai_client()
+
+        async def ask(name: str) -> str:
+            completion = await client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "Which?"}], max_tokens=2
+            )
+            return completion.model
+
+        assert await asyncio.gather(*(ask("agent@1") for _ in range(4))) == ["agent@1"] * 4
+        assert await ask("agent:step1") == "agent@1"  # ART's spelling
+        assert await ask("agent") == "agent@2"  # the newest stays the default
+        with pytest.raises(openai.NotFoundError, match="agent@7"):  # a step not on disk stays an error
+            await ask("agent@7")
