@@ -11,11 +11,20 @@ once per process by name (`_IGNORED`); anything else is a TypeError that lists t
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .ignored import report_ignored
 
@@ -46,20 +55,71 @@ class LoRAConfig(_Strict):
 # ART's LoRA keywords (its own and peft's spellings) -> LoRAConfig fields
 ART_LORA_KEYS = {"r": "r", "rank": "r", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout"}
 ART_LORA_KEYS |= {"dropout": "dropout", "target_modules": "target_modules"}
+# the rest of ART's PeftArgs (0.3-0.4) and LoRAConfig (0.5) keys: accepted, reported once as ignored
+ART_LORA_IGNORED = frozenset(
+    """bias layers_to_transform layers_pattern use_gradient_checkpointing random_state max_seq_length use_rslora
+    modules_to_save init_lora_weights init_weights loftq_config temporary_location""".split()
+)
+
+
+def _python_path(dotted: str) -> str:
+    """A dotted path as Python writes it: _internal_config.init_args -> _internal_config["init_args"]."""
+    first, *rest = dotted.split(".")
+    return first + "".join(f'["{part}"]' for part in rest)
+
+
+def close_art_keys(key: str, known: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """The known names nearest to `key` (a likely typo of them), best first."""
+    return difflib.get_close_matches(key, sorted(known), n=3, cutoff=cutoff)
+
+
+def unknown_art_key(path: str, key: str, known: Iterable[str], honoured: Iterable[str]) -> ValueError:
+    """The error for `key` under `path` (dotted, as "_internal_config.init_args") that neither artnb nor ART
+    has: a typo would otherwise be reported as an ignored ART option, and the setting silently not applied."""
+    where = _python_path(path)
+    close = close_art_keys(key, known)
+    fix = f"did you mean {' or '.join(map(repr, close))}?" if close else "check the spelling"
+    return ValueError(
+        f"unknown key in {where}, one neither artnb nor ART has (got {key!r}); {fix} The keys artnb uses "
+        f"there: {', '.join(honoured)}"
+    )
 
 
 def art_lora_fields(section: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """LoRAConfig fields from ART's `lora_config` (or `_internal_config`'s `peft_args`); other keys are reported
-    once as having no effect. Example: `art_lora_fields("lora_config", {"lora_alpha": 32})` -> `{"alpha": 32}`."""
+    """LoRAConfig fields from ART's `lora_config` (or `_internal_config`'s `peft_args`, `section` naming where the
+    dict was given: "lora_config" or "_internal_config.peft_args"). A near miss of a key artnb uses (`rnak`) is a
+    ValueError with the nearest names; other keys (ART's, PEFT's) are reported once as having no effect.
+    Example: `art_lora_fields("lora_config", {"lora_alpha": 32})` -> `{"alpha": 32}`."""
+    if not isinstance(args, Mapping):
+        raise TypeError(
+            f"{_python_path(section)} must be a dict (got {type(args).__name__} {args!r:.60}); pass e.g. "
+            "lora_config=art.dev.LoRAConfig(rank=16, alpha=32)"
+        )
     fields: dict[str, Any] = {}
     for key, value in args.items():
         if key in ART_LORA_KEYS:
             fields[ART_LORA_KEYS[key]] = value
-        else:
-            report_ignored(
-                f"_internal_config.{section}.{key}", "artnb's LoRA has rank, alpha, dropout and targets"
-            )
+        elif key not in ART_LORA_IGNORED and close_art_keys(key, ART_LORA_KEYS, cutoff=0.7):
+            raise unknown_art_key(section, key, {*ART_LORA_KEYS, *ART_LORA_IGNORED}, ART_LORA_KEYS)
+        else:  # ART's other keys, and PEFT's own (use_dora, ...) that ART passes on
+            report_ignored(f"{section}.{key}", "artnb's LoRA has rank, alpha, dropout and targets")
+    _check_lora_values(section, args, fields)
     return fields
+
+
+def _check_lora_values(section: str, args: Mapping[str, Any], fields: dict[str, Any]) -> None:
+    """A ValueError naming the key as the user wrote it (`rank`, `lora_alpha`) when LoRAConfig refuses a value;
+    from `_internal_config` the refusal would otherwise come at register, naming artnb's field instead."""
+    try:
+        LoRAConfig(**fields)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        field = str(problem["loc"][0])
+        key = next((k for k in args if ART_LORA_KEYS.get(k) == field), field)
+        raise ValueError(
+            f'{_python_path(section)}["{key}"]: {problem["msg"]} (got {args.get(key)!r}); fix it, e.g. '
+            "art.dev.LoRAConfig(rank=16, alpha=32, dropout=0.0)"
+        ) from None
 
 
 class TrainConfig(_Strict):

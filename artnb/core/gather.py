@@ -23,7 +23,13 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from .ignored import report_ignored
-from .progress import RolloutProgress, TooManyExceptions, active_progress, all_or_cancel
+from .progress import (
+    RolloutProgress,
+    TooManyExceptions,
+    active_progress,
+    all_or_cancel,
+    check_max_exceptions,
+)
 from .trajectory import ExceptionRecord, PendingGroup, Trajectory, TrajectoryGroup
 
 log = logging.getLogger("artnb")
@@ -51,16 +57,58 @@ class GatheredGroups(list[TrajectoryGroup]):
 
 
 def _as_groups(out: Any) -> list[TrajectoryGroup]:
-    """What `after_each` returned, as a list of groups."""
+    """What `after_each` returned, as a list of groups; else a TypeError, handled as an after_each failure."""
     if out is None:
         return []
     if isinstance(out, TrajectoryGroup):
         return [out]
-    if isinstance(out, list) and all(isinstance(g, TrajectoryGroup) for g in out):
+    fix = "return a TrajectoryGroup, None (to drop the group) or a list of TrajectoryGroups"
+    if isinstance(out, list):
+        for i, g in enumerate(out):
+            if not isinstance(g, TrajectoryGroup):
+                raise TypeError(
+                    f"after_each returned a list whose item {i} is {type(g).__name__} (got {g!r:.80}); {fix}"
+                )
         return out
-    raise TypeError(
-        f"after_each must return a TrajectoryGroup, None or a list of them, got {type(out).__name__}"
-    )
+    raise TypeError(f"after_each returned {type(out).__name__} (got {out!r:.80}); {fix}")
+
+
+def _check_after_each(after_each: object) -> None:
+    """Refuse a non-callable `after_each` before any rollout runs: called on each finished group, it would fail
+    on every one of them, after all the rollouts were paid for."""
+    if after_each is not None and not callable(after_each):
+        raise TypeError(
+            f"after_each must be a function called with each finished group (got {type(after_each).__name__} "
+            f"{after_each!r:.80}); pass e.g. after_each=lambda g: art.ruler_score_group(g, judge), or None"
+        )
+
+
+def _check_items(groups: object) -> list[Any]:
+    """The groups as a list, each checked to be something that gives a group, before any rollout starts."""
+    if isinstance(groups, (PendingGroup, TrajectoryGroup)):
+        raise TypeError(
+            f"gather_trajectory_groups takes a list of groups (got a single {type(groups).__name__}); pass a "
+            "list: gather_trajectory_groups([group])"
+        )
+    if not isinstance(groups, Iterable):
+        raise TypeError(
+            f"gather_trajectory_groups takes a list of groups (got {type(groups).__name__}); pass a list of "
+            "art.TrajectoryGroup(...)"
+        )
+    items = list(groups)
+    for i, item in enumerate(items):
+        if isinstance(item, (PendingGroup, TrajectoryGroup)) or inspect.isawaitable(item):
+            continue
+        if isinstance(item, (list, tuple)):
+            fix = "wrap each list in art.TrajectoryGroup(...): [art.TrajectoryGroup(r) for r in lists]"
+        elif isinstance(item, Trajectory):
+            fix = "wrap the trajectories of one scenario in art.TrajectoryGroup([...])"
+        else:
+            fix = "pass art.TrajectoryGroup(...) for each scenario"
+        raise TypeError(
+            f"gather_trajectory_groups' item {i} is not a group (got {type(item).__name__}); {fix}"
+        )
+    return items
 
 
 def _after_each_failed(
@@ -119,7 +167,9 @@ async def gather_trajectory_groups(
     """
     if after_each_errors not in _ON_FAILURE:
         raise ValueError(f"after_each_errors must be 'drop', 'keep' or 'raise', got {after_each_errors!r}")
-    items = list(groups)
+    _check_after_each(after_each)
+    check_max_exceptions(max_exceptions)
+    items = _check_items(groups)
     total = sum(len(g) if isinstance(g, (PendingGroup, TrajectoryGroup)) else 1 for g in items)
     if pbar_total_completion_tokens:
         report_ignored(
@@ -139,7 +189,8 @@ async def gather_trajectory_groups(
             group = await item
             if not isinstance(group, TrajectoryGroup):
                 raise TypeError(
-                    f"gather_trajectory_groups got {type(group).__name__}; pass art.TrajectoryGroup(...)"
+                    f"gather_trajectory_groups' item {index} gave {type(group).__name__}, not a group; "
+                    "wrap the rollouts of each scenario in art.TrajectoryGroup(...)"
                 )
         if after_each is None:
             return [group]
@@ -147,6 +198,7 @@ async def gather_trajectory_groups(
             out = after_each(group)
             if inspect.isawaitable(out):
                 out = await out
+            return _as_groups(out)  # a wrong return type is this group's after_each failure, like any other
         except Exception as error:
             failures.append(AfterEachFailure(group_index=index, error=ExceptionRecord.of(error)))
             progress.add_after_each_failure()
@@ -154,7 +206,6 @@ async def gather_trajectory_groups(
             if after_each_errors == "raise":
                 raise
             return kept
-        return _as_groups(out)
 
     try:
         nested = await all_or_cancel(finish(i, item) for i, item in enumerate(items))

@@ -11,6 +11,8 @@ import asyncio
 import contextvars
 import inspect
 import math
+import numbers
+import sys
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Protocol, TypeVar
 
@@ -32,15 +34,48 @@ class TooManyExceptions(RuntimeError):
     """More rollouts failed than `max_exceptions` allows; the first failure is chained as the cause."""
 
 
+_MAX_EXCEPTIONS_FORMS = (
+    "a count of failed rollouts (an int >= 0, e.g. 2; float('inf') tolerates all) or a fraction of all "
+    "rollouts (a float between 0 and 1, e.g. 0.1)"
+)
+
+
+def check_max_exceptions(value: object, name: str = "max_exceptions") -> int | float:
+    """`value` (as a Python int or float) if it is a failure budget as ART takes it; otherwise a TypeError or
+    ValueError naming the accepted forms.
+
+    Checked when a gather starts: the budget is only read at the first failed rollout, and an error raised
+    there would cancel every rollout running and lose the finished ones. As in ART, a float below 1 is a
+    fraction and anything else a count (so 1.0 means one failure).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {_MAX_EXCEPTIONS_FORMS} (got {value!r}); pass e.g. {name}=2")
+    number = float(value)
+    if math.isnan(number) or number < 0:
+        raise ValueError(f"{name} must be {_MAX_EXCEPTIONS_FORMS} (got {value!r}); pass e.g. {name}=2")
+    if number > 1 and not math.isinf(number) and not number.is_integer():
+        raise ValueError(
+            f"{name} above 1 is a count of failed rollouts, so it must be whole (got {value!r}); pass a count "
+            f"such as {name}={math.floor(number)}, or a fraction of all rollouts below 1 such as {name}=0.1"
+        )
+    return int(value) if isinstance(value, numbers.Integral) else number
+
+
+# the ART reading of 1.0, worth saying when someone meant "all of them"
+_ONE_MEANS_ONE = " (1.0 is a count of one failure, as in ART; max_exceptions=float('inf') tolerates all)."
+
+
 class RolloutProgress:
     """One bar and the exception budget shared by every rollout of a gather call."""
 
     def __init__(
         self, total: int, desc: str, max_exceptions: int | float, max_metrics: int | None = None
     ) -> None:
+        self.max_exceptions = check_max_exceptions(
+            max_exceptions
+        )  # before the bar: a bad budget starts nothing
         self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
         self.total = total
-        self.max_exceptions = max_exceptions
         self.max_metrics = max_metrics  # running means shown on the bar at most (reward first), None: all
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
@@ -48,10 +83,11 @@ class RolloutProgress:
         self.after_each_failures = 0
 
     def allowed_exceptions(self) -> int:
+        """How many failed rollouts the budget tolerates: a fraction (below 1) of all rollouts, or a count."""
         m = self.max_exceptions
-        if isinstance(m, float) and 0 < m < 1:
+        if 0 < m < 1:
             return math.floor(m * max(self.total, 1))
-        return int(m)
+        return sys.maxsize if math.isinf(m) else int(m)
 
     def add_trajectory(self, t: Scored, advance: int = 1) -> None:
         """Count `t` in the running means; move the bar by `advance` rollouts (0 for a rollout's later trajectories)."""
@@ -67,8 +103,13 @@ class RolloutProgress:
         if self.exceptions > self.allowed_exceptions():
             raise TooManyExceptions(
                 f"{self.exceptions} rollouts failed, more than max_exceptions={self.max_exceptions}; "
-                f"the first failure follows. Raise max_exceptions (a count or a fraction) to tolerate failures."
+                f"the first failure follows. Raise max_exceptions (a count or a fraction) to tolerate failures"
+                f"{_ONE_MEANS_ONE if self._one_meant_as_all() else '.'}"
             ) from exc
+
+    def _one_meant_as_all(self) -> bool:
+        """max_exceptions=1.0: ART reads it as one failure; whoever wrote it may have meant 100%."""
+        return isinstance(self.max_exceptions, float) and self.max_exceptions == 1
 
     def add_after_each_failure(self) -> None:
         self.after_each_failures += 1

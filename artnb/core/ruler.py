@@ -47,7 +47,7 @@ from .contracts import InProcessJudge
 from .judge_cache import JudgeCache
 from .judge_requests import JudgeLimits, RulerError, fold_litellm_limits, request_judge
 from .model import Model
-from .trajectory import Message, TrajectoryGroup, choice_to_message, shared_prefix
+from .trajectory import Message, PendingGroup, TrajectoryGroup, choice_to_message, shared_prefix
 
 log = logging.getLogger("artnb")
 
@@ -210,6 +210,7 @@ async def ruler_score_group(
     limits: time limit per judge request, retries and backoff; see `JudgeLimits` and `ruler`.
     Other arguments as in `ruler`.
     """
+    _check_group(group)  # before the try: swallow_exceptions is for judge failures, not a wrong argument
     try:
         for i, t in enumerate(group.trajectories):
             if t.additional_histories:
@@ -245,6 +246,20 @@ async def ruler_score_group(
         t.metadata["ruler_explanation"] = s.explanation
         t.log(f"RULER score {s.score:.3g}: {s.explanation}")
     return scored
+
+
+def _check_group(group: object) -> None:
+    """A TypeError naming the fix when `group` is not a finished TrajectoryGroup (a list, an unawaited group)."""
+    if isinstance(group, TrajectoryGroup):
+        return
+    if isinstance(group, PendingGroup):
+        fix = "await it first (group = await art.TrajectoryGroup(...)), or score groups as they finish with "
+        fix += "art.gather_trajectory_groups(..., after_each=lambda g: art.ruler_score_group(g, judge))"
+    elif isinstance(group, (list, tuple)):
+        fix = "wrap the trajectories in art.TrajectoryGroup([...])"
+    else:
+        fix = "pass art.TrajectoryGroup([...]) holding the trajectories to compare"
+    raise TypeError(f"ruler_score_group scores a TrajectoryGroup (got {type(group).__name__}); {fix}")
 
 
 async def _judge_params(judge: str | Model, extra: dict[str, Any] | None) -> tuple[dict[str, Any], str, bool]:

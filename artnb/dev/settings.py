@@ -5,17 +5,21 @@ trainer's options, the longest sequence trained, vLLM command-line flags (used w
 has no such knobs) and, on CUDA, changes to the card's GPU preset (backends/gpu_presets.py): `max_seq_length`,
 `gpu_memory_utilization`, `load_in_4bit` (Unsloth's 4-bit loading) and `enforce_eager` override the preset's. Keys
 with no meaning here (GPU-only settings on a CPU, flags vLLM no longer has) are accepted and reported once each by
-`report_ignored`. ART's dedicated mode (`trainer_gpu_ids` with `inference_gpu_ids`) is checked here on any machine
-and placed on CUDA by backends/model_setup.py (backends/placement.py says how).
+`report_ignored`. A near miss of a key ART lists in full (the top level, `init_args`, LoRA's: `max_seq_len`) is
+an error with the nearest names (in engine_args and trainer_args, whose options are vLLM's and TRL's, it is said
+in the warning), and so is a value of the wrong type or range, named as it was written (`_internal_config["init_args"]["max_seq_length"]`).
+ART's dedicated mode (`trainer_gpu_ids` with `inference_gpu_ids`) is checked here on any machine and placed on
+CUDA by backends/model_setup.py (backends/placement.py says how).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.config import TrainerConfig, art_lora_fields
+from ..core.config import TrainerConfig, art_lora_fields, close_art_keys, unknown_art_key
 from ..core.ignored import report_ignored
 
 if TYPE_CHECKING:
@@ -46,6 +50,41 @@ VLLM_FLAGS: dict[str, tuple[str, bool]] = {
 }
 # engine_args that are also GPUPreset fields (the preset's values are vLLM's flags too)
 _PRESET_FIELDS = {"gpu_memory_utilization": float, "enforce_eager": bool}
+# the types artnb checks before turning a value into a vLLM flag (the rest are strings, passed as given)
+_BOOL_FLAGS = {"enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "trust_remote_code"}
+_BOOL_FLAGS |= {"disable_log_stats"}
+_POSITIVE_INT_FLAGS = {
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "max_logprobs",
+}
+_POSITIVE_INT_FLAGS |= {"tensor_parallel_size", "pipeline_parallel_size"}
+
+# What ART's dev config types name, in every ART version artnb follows (0.3's torchtune_args to the latest
+# lora_config and vllm_runtime). A key that is a near miss of one of these (or of an engine or trainer setting
+# artnb passes on) is a typo: an error with the nearest names. Any other key is accepted and reported once as
+# ignored, so that ART code written for a newer ART, or passing Unsloth's, vLLM's or TRL's own options, runs.
+ART_CONFIG_KEYS = frozenset(
+    """init_args engine_args peft_args lora_config trainer_args torchtune_args _decouple_vllm_and_unsloth
+    tinker_args tinker_native_args trainer_gpu_ids inference_gpu_ids rollout_weights_mode
+    rollout_weight_update_mode chat_template_kwargs chat_template chat_template_path chat_template_content_format
+    chat_template_tool_schema_format vllm_runtime allow_unvalidated_arch megatron_model_initialization""".split()
+)
+ART_INIT_ARGS = frozenset(
+    """model_name max_seq_length dtype load_in_4bit load_in_8bit load_in_16bit full_finetuning token device_map
+    rope_scaling fix_tokenizer trust_remote_code use_gradient_checkpointing resize_model_vocab revision
+    use_exact_model_name fast_inference gpu_memory_utilization float8_kv_cache random_state max_lora_rank
+    disable_log_stats enable_prefix_caching use_async""".split()
+)
+_HONOURED = {
+    "_internal_config": ["init_args", "engine_args", "lora_config", "peft_args", "trainer_args"],
+    "init_args": ["max_seq_length", "use_gradient_checkpointing", "random_state", "max_lora_rank"],
+    "trainer_args": ["gradient_checkpointing", "seed", "placement"],
+}
+# TrainConfig.max_seq_length's own bound: a shorter limit leaves no room for a prompt and a reply
+MIN_SEQ_LENGTH = 16
 
 
 @dataclass
@@ -73,15 +112,34 @@ class InternalSettings:
             )
 
 
-def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) -> InternalSettings:
-    """The settings `config` (an `art.dev.InternalModelConfig` dict) asks for, reporting what has no effect."""
-    out = InternalSettings()
-    if not config:
-        return out
+def check_internal_config(config: object) -> dict[str, Any] | None:
+    """`config` as the dict a model keeps (None for none); a TypeError naming the fix for anything else.
+
+    For the places that first take an `_internal_config` (`TrainableModel(_internal_config=...)`), so that a
+    string or a list is refused there, not at `register` as a puzzling conversion error.
+    """
+    if config is None:
+        return None
     if not isinstance(config, Mapping):
         raise TypeError(
-            f"_internal_config must be an art.dev.InternalModelConfig(...) dict, got {type(config).__name__}"
+            f"_internal_config takes a dict (got {type(config).__name__} {config!r:.60}); pass "
+            "art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=8192), ...)"
         )
+    return dict(config)
+
+
+def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) -> InternalSettings:
+    """The settings `config` (an `art.dev.InternalModelConfig` dict) asks for, reporting what has no effect.
+
+    Bad input is refused here, at register, before anything loads: a key neither artnb nor ART knows (with the
+    nearest names), a section that is not a dict, a value of the wrong type or range (naming where it was given).
+    """
+    out = InternalSettings()
+    config = check_internal_config(config)
+    if not config:
+        return out
+    for key in config:
+        _known_key("", key, ART_CONFIG_KEYS, _HONOURED["_internal_config"])
     dedicated = check_dedicated_gpus(config.get("trainer_gpu_ids"), config.get("inference_gpu_ids"))
     engine_args = config.get("engine_args")
     if dedicated and isinstance(engine_args, Mapping) and engine_args.get("enable_sleep_mode"):
@@ -100,13 +158,13 @@ def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) 
         if key in ("trainer_gpu_ids", "inference_gpu_ids"):
             continue
         if key == "init_args":
-            _init_args(value or {}, out, on_cuda)
+            _init_args(_section(key, value), out, on_cuda)
         elif key == "engine_args":
-            _engine_args(value or {}, out, on_cuda)
+            _engine_args(_section(key, value), out, on_cuda)
         elif key in ("peft_args", "lora_config"):
-            _lora(key, value or {}, out)
+            out.lora.update(art_lora_fields(f"_internal_config.{key}", _section(key, value)))
         elif key == "trainer_args":
-            _trainer_args(value or {}, out)
+            _trainer_args(_section(key, value), out)
         else:
             report_ignored(f"_internal_config.{key}", "artnb has no such setting")
     if out.max_seq_length and "--max-model-len" not in out.vllm_args:
@@ -114,25 +172,126 @@ def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) 
     return out
 
 
+def _section(key: str, value: object) -> Mapping[str, Any]:
+    """The dict under `_internal_config[key]` (None: an empty one); a TypeError naming the key otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        example = {
+            "init_args": "art.dev.InitArgs(max_seq_length=8192)",
+            "engine_args": "art.dev.EngineArgs(enforce_eager=True)",
+            "trainer_args": "art.dev.TrainerArgs(seed=1)",
+        }.get(key, "{...}")
+        raise TypeError(
+            f'_internal_config["{key}"] must be a dict (got {type(value).__name__} {value!r:.60}); pass e.g. '
+            f"{key}={example}"
+        )
+    return value
+
+
+def _flag(where: str, value: object) -> bool:
+    """`value` if it is a bool: bool("false") is True, so a string here would silently mean the opposite."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{where} must be True or False (got {value!r}); pass the bool, not a string or a number"
+        )
+    return value
+
+
+def _as_int(value: object) -> int | None:
+    """`value` as an int if it is a whole number (8192, 8e3), else None: not a bool, a string or 4.5."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _whole(where: str, value: object, minimum: int | None = None) -> int:
+    """`value` if it is a whole number (not a bool, not "8") and at least `minimum`; a TypeError/ValueError
+    otherwise."""
+    wanted = f"{where} must be a whole number" + (f" >= {minimum}" if minimum is not None else "")
+    number = _as_int(value)
+    if number is None:
+        raise TypeError(f"{wanted} (got {value!r}); pass an int")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{wanted} (got {value!r}); pass an int of at least {minimum}")
+    return number
+
+
+def _seq_length(where: str, value: object) -> int:
+    """The longest sequence, trained and served: a whole number of tokens, at least TrainConfig's bound."""
+    wanted = f"{where} must be a whole number of tokens >= {MIN_SEQ_LENGTH} (got {value!r}); pass e.g. 4096"
+    number = _as_int(value)
+    if number is None:
+        raise TypeError(wanted)
+    if number < MIN_SEQ_LENGTH:
+        raise ValueError(f"{wanted}, or leave it out for the model's context length")
+    return number
+
+
+def _memory_fraction(where: str, value: object) -> float:
+    """A share of GPU memory, as vLLM takes it: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} must be a fraction of GPU memory in (0, 1] (got {value!r}); pass e.g. 0.8")
+    if not 0 < float(value) <= 1:
+        raise ValueError(f"{where} must be a fraction of GPU memory in (0, 1] (got {value!r}); pass e.g. 0.8")
+    return float(value)
+
+
+def _gradient_checkpointing(where: str, value: object) -> bool:
+    """Unsloth's setting: True, False or "unsloth" (its offloading variant, here plain checkpointing)."""
+    if value == "unsloth" or isinstance(value, bool):
+        return value is True or value == "unsloth"
+    raise ValueError(
+        f'{where} must be True, False or "unsloth" (got {value!r}); pass the bool False (not the string "false") '
+        "to turn checkpointing off"
+    )
+
+
+def _known_key(section: str, key: str, known: Iterable[str], honoured: Iterable[str]) -> bool:
+    """Whether `key` is one of `known`. A near miss of one is an error naming it (a typo would otherwise be
+    reported as ignored, and the setting silently not applied); any other key is False, for the caller to
+    report as ignored. For the sections whose keys ART lists in full (the top level, init_args)."""
+    if key in known:
+        return True
+    if close_art_keys(key, known, cutoff=0.75):
+        raise unknown_art_key(f"_internal_config.{section}".rstrip("."), key, known, honoured)
+    return False
+
+
+def _did_you_mean(key: str, honoured: Iterable[str]) -> str:
+    """For engine_args and trainer_args, which go on to vLLM and TRL in ART and take their many options: a key
+    near one artnb uses may be a typo, or an option of its own (gradient_checkpointing_kwargs), so it is said,
+    not refused."""
+    close = close_art_keys(key, honoured, cutoff=0.75)
+    return f" (if you meant {' or '.join(map(repr, close))}, fix the spelling)" if close else ""
+
+
 def _init_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) -> None:
     for key, value in args.items():
+        _known_key("init_args", key, ART_INIT_ARGS, _HONOURED["init_args"])
+        where = f'_internal_config["init_args"]["{key}"]'
         if key == "max_seq_length":
-            out.max_seq_length = out.gpu_overrides["max_seq_length"] = int(value)
+            out.max_seq_length = out.gpu_overrides["max_seq_length"] = _seq_length(where, value)
         elif key == "load_in_4bit":
+            load_in_4bit = _flag(where, value)
             if on_cuda:
-                out.gpu_overrides["load_in_4bit"] = bool(value)
+                out.gpu_overrides["load_in_4bit"] = load_in_4bit
             else:
                 report_ignored(
                     "_internal_config.init_args.load_in_4bit", "Unsloth's 4-bit loading needs a GPU"
                 )
         elif key == "use_gradient_checkpointing":
-            out.trainer["gradient_checkpointing"] = bool(value)
+            out.trainer["gradient_checkpointing"] = _gradient_checkpointing(where, value)
         elif key == "random_state":
-            out.trainer["seed"] = int(value)
+            out.trainer["seed"] = _whole(where, value)
         elif key == "max_lora_rank":
-            out.max_lora_rank = int(value)
+            out.max_lora_rank = _whole(where, value, minimum=1)
         elif key in ("gpu_memory_utilization", "enable_prefix_caching"):
-            _engine_args({key: value}, out, on_cuda)
+            _engine_args({key: value}, out, on_cuda, section="init_args")
         else:
             report_ignored(
                 f"_internal_config.init_args.{key}",
@@ -141,22 +300,36 @@ def _init_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) ->
             )
 
 
-def _engine_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) -> None:
+def _engine_value(where: str, key: str, value: Any) -> Any:
+    """`value` checked for the vLLM flag `key` (None: vLLM's default), so a typo fails here, not in vLLM."""
+    if value is None:
+        return None
+    if key == "gpu_memory_utilization":
+        return _memory_fraction(where, value)
+    if key in _BOOL_FLAGS:
+        return _flag(where, value)
+    if key in _POSITIVE_INT_FLAGS:
+        return _whole(where, value, minimum=1)
+    return value
+
+
+def _engine_args(
+    args: Mapping[str, Any], out: InternalSettings, on_cuda: bool, section: str = "engine_args"
+) -> None:
     for key, value in args.items():
         if key not in VLLM_FLAGS:
             report_ignored(
-                f"_internal_config.engine_args.{key}", "not one of the vLLM settings artnb passes on"
+                f"_internal_config.{section}.{key}",
+                "not one of the vLLM settings artnb passes on" + _did_you_mean(key, VLLM_FLAGS),
             )
             continue
+        value = _engine_value(f'_internal_config["{section}"]["{key}"]', key, value)
         flag, cuda_only = VLLM_FLAGS[key]
         if on_cuda and value is not None and key in ("tensor_parallel_size", "pipeline_parallel_size"):
             sizes = out.engine_parallel or (1, 1)
-            size = int(value)
-            out.engine_parallel = (size, sizes[1]) if key == "tensor_parallel_size" else (sizes[0], size)
+            out.engine_parallel = (value, sizes[1]) if key == "tensor_parallel_size" else (sizes[0], value)
         if cuda_only and not on_cuda:
-            report_ignored(
-                f"_internal_config.engine_args.{key}", "a GPU setting, and this machine has no GPU"
-            )
+            report_ignored(f"_internal_config.{section}.{key}", "a GPU setting, and this machine has no GPU")
         elif value is None:
             continue
         elif isinstance(value, bool):
@@ -167,22 +340,20 @@ def _engine_args(args: Mapping[str, Any], out: InternalSettings, on_cuda: bool) 
             out.gpu_overrides[key] = _PRESET_FIELDS[key](value)
 
 
-def _lora(section: str, args: Mapping[str, Any], out: InternalSettings) -> None:
-    out.lora.update(art_lora_fields(section, args))
-
-
 def _trainer_args(args: Mapping[str, Any], out: InternalSettings) -> None:
     for key, value in args.items():
+        where = f'_internal_config["trainer_args"]["{key}"]'
         if key == "gradient_checkpointing":
-            out.trainer["gradient_checkpointing"] = bool(value)
+            out.trainer["gradient_checkpointing"] = _flag(where, value)
         elif key == "seed":
-            out.trainer["seed"] = int(value)
+            out.trainer["seed"] = _whole(where, value)
         elif key == "placement":  # artnb's own TrainerConfig.placement, validated here
             out.trainer["placement"] = TrainerConfig(placement=value).placement
         else:
             report_ignored(
                 f"_internal_config.trainer_args.{key}",
-                "artnb's trainer takes its training options from backend.train(...) / TrainConfig",
+                "artnb's trainer takes its training options from backend.train(...) / TrainConfig"
+                + _did_you_mean(key, _HONOURED["trainer_args"]),
             )
 
 

@@ -214,3 +214,26 @@ def test_bad_values_still_fail_validation():
         resolve_train_config(None, {"logprob_calculation_chunk_size": 0})
     with pytest.raises(ValidationError, match="kl_penalty_coef"):
         resolve_train_config(None, {"beta": -1.0})
+
+
+def test_art_lora_config_refuses_a_misspelled_key_with_the_nearest_names(monkeypatch):
+    """`lora_config={"rnak": 16}` used to be reported as an ignored ART option, leaving the default rank."""
+    monkeypatch.setattr(ignored, "_reported", set())
+    with pytest.raises(
+        ValueError,
+        match=r"unknown key in lora_config, one neither artnb nor ART has \(got 'rnak'\); did you mean 'rank'",
+    ):
+        art.TrainableModel(name="a", project="p", base_model="x", lora_config={"rnak": 16})
+    with pytest.raises(
+        ValueError, match=r'lora_config\["rank"\]: Input should be a valid integer.*\(got \'eight\'\)'
+    ):
+        art.TrainableModel(name="a", project="p", base_model="x", lora_config={"rank": "eight"})
+    with pytest.raises(TypeError, match=r"lora_config must be a dict \(got list"):
+        art.TrainableModel(name="a", project="p", base_model="x", lora_config=[("rank", 16)])  # type: ignore[arg-type]
+    with pytest.warns(
+        UserWarning, match="lora_config.use_rslora is accepted for ART compatibility but ignored"
+    ):
+        model = art.TrainableModel(
+            name="a", project="p", base_model="x", lora_config={"rank": 16, "alpha": 32, "use_rslora": False}
+        )
+    assert (model.lora.r, model.lora.alpha) == (16, 32)

@@ -161,3 +161,111 @@ async def test_progress_counts_rollouts_when_a_rollout_returns_several_trajector
     assert [len(x) for x in out] == [3, 3]
     err = capsys.readouterr().err
     assert "games: 100%" in err and "2/2" in err and "6/2" not in err
+
+
+class Counted:
+    """Rollouts that count how many started, to show a refused gather started none."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    async def rollout(self, reward: float = 1.0, fail: bool = False) -> art.Trajectory:
+        self.started += 1
+        return await rollout(reward, fail=fail)
+
+    def groups(self, n: int = 2) -> list:
+        return [art.TrajectoryGroup([self.rollout(), self.rollout()]) for _ in range(n)]
+
+
+def close_unstarted(groups: list) -> None:
+    """Close the coroutines a refused gather never ran (else Python warns about each one)."""
+    for g in groups:
+        for aw in getattr(g, "awaitables", g if isinstance(g, list) else []):
+            aw.close()
+
+
+async def test_a_non_callable_after_each_is_refused_before_any_rollout_runs():
+    counted = Counted()
+    groups = counted.groups()
+    with pytest.raises(
+        TypeError, match=r"after_each must be a function .*got str 'ruler'.*ruler_score_group"
+    ):
+        await art.gather_trajectory_groups(groups, after_each="ruler")  # type: ignore[arg-type]
+    assert counted.started == 0
+    close_unstarted(groups)
+
+
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+async def test_after_each_returning_the_wrong_type_fails_only_its_group(policy):
+    """A wrong return value is that group's after_each failure: the other groups are kept, not cancelled."""
+
+    def after(g: art.TrajectoryGroup):
+        reward = g.trajectories[0].reward
+        return {"score": 1} if reward == 0 else [g, None] if reward == 1 else g
+
+    groups = [art.TrajectoryGroup([rollout(r), rollout(r)]) for r in (0, 1, 2)]
+    out = await art.gather_trajectory_groups(groups, after_each=after, after_each_errors=policy)
+    kept = [[2, 2]] if policy == "drop" else [[0, 0], [1, 1], [2, 2]]
+    assert [g.rewards() for g in out] == kept
+    first, second = out.after_each_failures
+    assert (first.group_index, first.error.type) == (0, "TypeError")
+    assert "after_each returned dict" in first.error.message
+    assert (
+        "return a TrajectoryGroup, None (to drop the group) or a list of TrajectoryGroups"
+        in first.error.message
+    )
+    assert "list whose item 1 is NoneType" in second.error.message
+    with pytest.raises(TypeError, match="after_each returned dict"):
+        await art.gather_trajectory_groups(
+            [art.TrajectoryGroup([rollout(0)])], after_each=after, after_each_errors="raise"
+        )
+
+
+@pytest.mark.parametrize(
+    ("budget", "error"),
+    [(None, TypeError), ("2", TypeError), (True, TypeError), (float("nan"), ValueError), (-1, ValueError)],
+)
+async def test_a_bad_max_exceptions_is_refused_before_any_rollout_runs(budget, error):
+    counted = Counted()
+    groups = counted.groups()
+    with pytest.raises(error, match=r"max_exceptions must be a count .* or a fraction of all rollouts .*got"):
+        await art.gather_trajectory_groups(groups, max_exceptions=budget)
+    assert counted.started == 0
+    close_unstarted(groups)
+    with pytest.raises(error, match="max_exceptions must be"):
+        await art.gather_trajectories([], max_exceptions=budget)
+
+
+async def test_a_fractional_count_is_refused_and_inf_tolerates_every_failure():
+    with pytest.raises(ValueError, match=r"must be whole \(got 1.5\); pass a count such as max_exceptions=1"):
+        await art.gather_trajectory_groups([], max_exceptions=1.5)
+    make = lambda: [art.TrajectoryGroup([rollout(1, fail=True), rollout(1, fail=True)])]  # noqa: E731
+    out = await art.gather_trajectory_groups(make(), max_exceptions=float("inf"))
+    assert len(out[0].exceptions) == 2
+    out = await art.gather_trajectory_groups(
+        make(), max_exceptions=2.0
+    )  # a whole float is a count, as in ART
+    assert len(out[0].exceptions) == 2
+    with pytest.raises(art.TooManyExceptions, match=r"1.0 is a count of one failure.*float\('inf'\)"):
+        await art.gather_trajectory_groups(make(), max_exceptions=1.0)
+
+
+async def test_groups_passed_the_wrong_way_say_how_to_pass_them():
+    counted = Counted()
+    (group,) = counted.groups(1)
+    with pytest.raises(
+        TypeError, match=r"got a single PendingGroup\); pass a list: gather_trajectory_groups\(\[group\]\)"
+    ):
+        await art.gather_trajectory_groups(group)  # type: ignore[arg-type]
+    lists = [[counted.rollout(), counted.rollout()]]
+    with pytest.raises(
+        TypeError, match=r"item 0 is not a group \(got list\); wrap each list in art.TrajectoryGroup"
+    ):
+        await art.gather_trajectory_groups(lists)  # type: ignore[arg-type]
+    assert counted.started == 0
+    close_unstarted([group, *lists])
+    finished = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[], reward=1)])
+    with pytest.raises(TypeError, match="got a single TrajectoryGroup"):
+        await art.gather_trajectory_groups(finished)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got Trajectory\); wrap the trajectories of one scenario"):
+        await art.gather_trajectory_groups([finished.trajectories[0]])  # type: ignore[list-item]

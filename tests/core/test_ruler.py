@@ -254,6 +254,32 @@ async def test_groups_it_cannot_score(judge, fresh):
     assert await art.ruler_score_group(group, "openai/judge", params, swallow_exceptions=True) is None
 
 
+async def test_a_group_that_is_not_a_trajectory_group_says_how_to_make_one(judge, fresh):
+    """Even with swallow_exceptions=True: that is for a failing judge, not for a wrong argument."""
+    params, cache = fresh
+    trajectories = make_group([1, 2]).trajectories
+    for swallow in (False, True):
+        with pytest.raises(
+            TypeError, match=r"got list\); wrap the trajectories in art.TrajectoryGroup\(\[...\]\)"
+        ):
+            await art.ruler_score_group(
+                trajectories,  # type: ignore[arg-type]
+                "openai/judge",
+                params,
+                swallow_exceptions=swallow,
+                cache_dir=cache,
+            )
+
+    async def one() -> art.Trajectory:
+        return trajectories[0]
+
+    pending = art.TrajectoryGroup([one()])
+    with pytest.raises(TypeError, match=r"got PendingGroup\); await it first"):
+        await art.ruler_score_group(pending, "openai/judge", params, cache_dir=cache)  # type: ignore[arg-type]
+    await pending  # run it, so no coroutine is left unawaited
+    assert not judge.requests
+
+
 def test_importing_artnb_keeps_litellm_offline():
     """litellm fetches its model price list at import unless told not to; artnb tells it (before the import)."""
     code = (
