@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import numbers
 import warnings
 from collections.abc import Coroutine, Iterable, Iterator
 from contextvars import ContextVar
@@ -137,6 +138,20 @@ async def trajectory(coroutine: Coroutine[Any, Any, Any], *, take_calls: bool = 
     if isinstance(result, (int, float)) and not isinstance(result, bool):
         captured.reward = float(result)
     return captured
+
+
+async def own_or_captured(rollout: Any) -> Any:
+    """What a rollout gave; when that is its reward (a number), the Trajectory its chat calls were captured into.
+
+    For functions that take a user's rollout of either kind and play it themselves (`art.preflight`,
+    `art.evaluate`): a rollout that returns a Trajectory, or several, is unchanged.
+    """
+    with Trajectory() as captured:
+        result = await rollout if inspect.isawaitable(rollout) else rollout
+    if isinstance(result, numbers.Real) and not isinstance(result, bool):
+        captured.reward = float(result)
+        return captured
+    return result
 
 
 async def trajectory_group(

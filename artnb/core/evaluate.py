@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from .capture import own_or_captured
 from .gather import gather_trajectories
 from .intervals import MIN_VALUES_FOR_A_VERDICT, Interval, bootstrap_mean
 from .model import Model
@@ -70,7 +71,7 @@ async def evaluate(
 
     async def play(label: str, scenario: Any) -> Trajectory | list[Trajectory]:
         async with slots:
-            return await rollout(models[label], scenario, **rollout_kwargs)
+            return await own_or_captured(rollout(models[label], scenario, **rollout_kwargs))
 
     results = await gather_trajectories(
         (play(label, scenario) for label, scenario, _ in games),

@@ -24,6 +24,7 @@ import pandas as pd
 from openai.types.chat.chat_completion import Choice
 
 from . import costs
+from .capture import own_or_captured
 from .compare import compare_rewards
 from .contracts import InProcessJudge
 from .gather import gather_trajectory_groups
@@ -143,7 +144,10 @@ async def preflight(
     total = len(scenarios) * group_size
     start = time.monotonic()
     groups = await gather_trajectory_groups(
-        (TrajectoryGroup(rollout(model, s, **rollout_kwargs) for _ in range(group_size)) for s in scenarios),
+        (
+            TrajectoryGroup(own_or_captured(rollout(model, s, **rollout_kwargs)) for _ in range(group_size))
+            for s in scenarios
+        ),
         pbar_desc="preflight",
         max_exceptions=total,  # a failing rollout is a finding here, not a reason to stop
     )

@@ -155,7 +155,9 @@ async def _one(aw: Awaitable[S] | S, expected: type[S], progress: RolloutProgres
         result = await aw if inspect.isawaitable(aw) else aw
         if not isinstance(result, expected):
             raise TypeError(
-                f"a rollout returned {type(result).__name__}; rollouts must return an art.Trajectory"
+                f"a rollout returned {type(result).__name__}; rollouts must return an art.Trajectory. A rollout "
+                "that returns its reward, its chat calls captured, goes in as art.trajectory(rollout(...)), or "
+                "its group as art.trajectory_group(...)"
             )
     except asyncio.CancelledError:
         raise

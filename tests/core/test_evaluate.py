@@ -143,3 +143,11 @@ async def test_max_concurrent_bounds_the_games_in_flight():
     assert most == 3 and len(table) == 20 and list(table["sample"][:2]) == [0, 1]
     with pytest.raises(ValueError, match="max_concurrent=0"):
         await art.evaluate(rollout, models, [1], max_concurrent=0)
+
+
+async def test_a_rollout_that_returns_its_reward_is_evaluated_like_one_that_returns_a_trajectory():
+    async def rollout(model, scenario):
+        return float(scenario)  # a captured rollout, as the README writes them
+
+    table = await art.evaluate(rollout, {"a": art.Model(name="a")}, range(3))
+    assert sorted(table["reward"]) == [0.0, 1.0, 2.0]

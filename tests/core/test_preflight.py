@@ -114,6 +114,17 @@ async def test_a_rollout_that_raises_is_a_finding_not_a_crash():
     assert not report.ok and report.verdict.startswith("cannot learn yet: 2 of 2 rollouts raised")
 
 
+async def test_a_rollout_that_returns_its_reward_is_captured_not_refused():
+    """The README's captured rollouts return a number: preflight plays them as art.trajectory would."""
+
+    async def rollout(model, scenario):
+        return 0.5 * scenario
+
+    report = await art.preflight(art.Model(name="m"), rollout, [0, 1], group_size=2)
+    assert {c.name: c for c in report.checks}["rollouts that finished"].status == "ok"
+    assert [g.rewards() for g in report.groups] == [[0.0, 0.0], [0.5, 0.5]]
+
+
 async def test_preflight_refuses_bad_arguments():
     with pytest.raises(ValueError, match="at least one scenario"):
         await art.preflight(art.Model(name="m"), lambda m, s: None, [])
