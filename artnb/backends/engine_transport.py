@@ -25,6 +25,10 @@ class EngineDiedError(RuntimeError):
     """The inference engine process exited; the next request or train call restarts it."""
 
 
+class NotRegisteredError(RuntimeError):
+    """The model is not (or no longer) registered on the backend a client or call was made for."""
+
+
 class EngineTransport(httpx.AsyncBaseTransport):
     """Forwards requests to the engine of the slot `lookup()` returns (the model's, while it is registered)."""
 
@@ -47,7 +51,12 @@ class EngineTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self._on_this_loop()
-        served = self.lookup()
+        try:
+            served = self.lookup()
+        except NotRegisteredError as error:
+            # an answer, not a transport failure: the OpenAI SDK then raises NotFoundError with this message
+            # (for a raised error it retries, then says only "Connection error.")
+            return httpx.Response(404, json={"error": {"message": str(error), "type": "not_registered"}})
         if not served.engine_current():
             await served.ensure_engine()
         # A restarted engine has a new port and key; a client made before the restart still reaches it.

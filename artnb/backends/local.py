@@ -42,7 +42,7 @@ from ..models import adapter_directory, resolve_base_model
 from . import run_writers
 from .art_spellings import ArtTrainSpellings
 from .engine_launch import EngineKind, EngineLauncher, on_cuda
-from .engine_transport import EngineTransport
+from .engine_transport import EngineTransport, NotRegisteredError
 from .gpu_presets import GPUPreset
 from .machine_bill import HourlyBill
 from .model_setup import apply_placement, model_settings, trainer_and_tokenizer
@@ -276,9 +276,10 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
     def _slot(self, key: tuple[str, str]) -> ServedModel:
         served = self._served.get(key)
         if served is None:
-            raise RuntimeError(
-                f"model {key[0]}/{key[1]} is not registered on this backend: call "
-                "`await model.register(backend)` first"
+            raise NotRegisteredError(
+                f"model {key[0]}/{key[1]} is not registered on this backend (never, or no longer: "
+                "backend.close() released it, or another LocalBackend registered the same run and took it over). "
+                "Call `await model.register(backend)` on the backend that should serve it"
             )
         return served
 

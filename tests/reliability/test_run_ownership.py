@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 from peft import get_peft_model_state_dict
@@ -85,12 +86,20 @@ async def test_a_second_backend_in_the_same_kernel_takes_over(tmp_path, base):
     first = art.LocalBackend(path=tmp_path, engine="hf")
     await model.register(first)
     old_engine = first.engine_of(model)
+    old_client = model.openai_client()  # e.g. held by a rollout function defined in an earlier cell
     second = art.LocalBackend(path=tmp_path, engine="hf")  # a re-run notebook cell
     with pytest.warns(UserWarning, match="takes over"):
         await model.register(second)
     assert not old_engine.alive()
     with pytest.raises(RuntimeError, match="not registered on this backend"):
         first.engine_of(model)
+    # the stale client is told why (it used to get "Connection error." after the SDK's retries)
+    with pytest.raises(
+        openai.NotFoundError, match="another LocalBackend registered the same run and took it"
+    ):
+        await old_client.chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "Which?"}], max_tokens=2
+        )
     groups = await gather(model, seed=1)
     assert (await model.train(groups, learning_rate=1e-2)).step == 1
     await second.close()
