@@ -85,6 +85,22 @@ def unknown_art_key(path: str, key: str, known: Iterable[str], honoured: Iterabl
     )
 
 
+def check_internal_config(config: object) -> dict[str, Any] | None:
+    """`config` as the dict a model keeps (None for none); a TypeError naming the fix for anything else.
+
+    For the places that first take an `_internal_config` (`TrainableModel(_internal_config=...)`), so that a
+    string or a list is refused there, not at `register` as a puzzling conversion error.
+    """
+    if config is None:
+        return None
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"_internal_config takes a dict (got {type(config).__name__} {config!r:.60}); pass "
+            "art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=8192), ...)"
+        )
+    return dict(config)
+
+
 def art_lora_fields(section: str, args: Mapping[str, Any]) -> dict[str, Any]:
     """LoRAConfig fields from ART's `lora_config` (or `_internal_config`'s `peft_args`, `section` naming where the
     dict was given: "lora_config" or "_internal_config.peft_args"). A near miss of a key artnb uses (`rnak`) is a

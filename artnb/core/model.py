@@ -10,24 +10,25 @@ Differences from OpenPipe ART, on purpose:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidatorFunctionWrapHandler, field_validator
 
 from . import costs
 from . import metric_names as names
-from .config import LoRAConfig, TrainConfig, art_lora_fields
-from .ignored import report_ignored, warn_user
+from .config import LoRAConfig, TrainConfig, art_lora_fields, check_internal_config
+from .ignored import report_ignored
 from .metrics_builder import MetricsBuilder
-from .names import check_name
+from .names import check_name, check_split, check_step
 from .reporting import ModelReporting, metric_names, what_reports
 from .store import RunStore
 from .train_request import SFTRequest, TrainOutcome, TrainRequest, TrainResult
-from .trajectory import Trajectory, TrajectoryGroup
+from .trajectory import PendingGroup, Trajectory, TrajectoryGroup, check_trajectories, real_number
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -91,6 +92,19 @@ class Model(BaseModel, Generic[ModelConfig]):
     @classmethod
     def _safe_folder_name(cls, value: str, info: Any) -> str:
         return check_name(value, info.field_name)
+
+    @field_validator("config", mode="wrap")
+    @classmethod
+    def _own_config_model(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Unparametrised, `config`'s type is pydantic's bare BaseModel, which turns a dict into an empty
+        object (its data lost) that later fails in repr and model_dump; ART does the same, so refuse it here."""
+        config = handler(value)
+        if type(config) is BaseModel and type(value) is not BaseModel:
+            raise TypeError(
+                f"config must be an instance of your own pydantic model (got {type(value).__name__}); define "
+                "`class MyConfig(pydantic.BaseModel): max_turns: int = 5` and pass config=MyConfig(max_turns=5)"
+            )
+        return config
 
     def openai_client(self) -> AsyncOpenAI:
         """An AsyncOpenAI client for this model's endpoint (created once, recreated if the endpoint changes)."""
@@ -215,8 +229,13 @@ class Model(BaseModel, Generic[ModelConfig]):
         metrics=result.metrics, step=result.step)`) adds only metrics that step's record lacks: `train()`
         recorded the batch already. Returns the history row.
         """
+        # everything is checked before anything is drained, merged or written: history.jsonl is append-only
         groups = _as_groups(trajectories)
-        metric_row = {k if "/" in k else names.split_metric(split, k): v for k, v in (metrics or {}).items()}
+        split = check_split(split)
+        step = None if step is None else check_step(step)
+        given = _checked_metrics(metrics)
+        check_trajectories(groups, then="Nothing was logged")
+        metric_row = {k if "/" in k else names.split_metric(split, k): v for k, v in given.items()}
         metric_row = {**costs.drain_for(self._costs), **metric_row}
         trained = self._trained
         if split == "train" and trained is not None and _same_groups(groups, trained.groups):
@@ -310,7 +329,7 @@ class TrainableModel(Model[ModelConfig]):
                 raise ValueError("pass either lora= (artnb's LoRAConfig) or lora_config= (ART's), not both")
             data["lora"] = LoRAConfig(**art_lora_fields("lora_config", lora_config))
         super().__init__(**data)
-        self._internal_config = dict(_internal_config) if _internal_config is not None else None
+        self._internal_config = check_internal_config(_internal_config)
 
     @property
     def internal_config(self) -> Mapping[str, Any] | None:
@@ -382,6 +401,8 @@ class TrainableModel(Model[ModelConfig]):
         (see TrainConfig); `verbose` prints the step's metrics. ART's `backend.train(model, groups, ...)` is
         this call.
         """
+        trajectory_groups = _train_batch(trajectory_groups)
+        _check_train_configs(config, _config)
         if _config is not None:
             options["_config"] = _config
         if verbose:
@@ -465,16 +486,112 @@ class _BaseOf(Model):
 
 
 def _as_groups(trajectories: Any) -> list[TrajectoryGroup]:
+    """The groups `model.log` records, from ART's forms: groups, trajectories and exceptions (one group of
+    them), or one group. Anything else is a TypeError naming it: it used to be dropped, logging an empty row."""
     if trajectories is None:
         return []
     if isinstance(trajectories, TrajectoryGroup):
         return [trajectories]
-    items = list(trajectories)
-    groups = [x for x in items if isinstance(x, TrajectoryGroup)]
-    loose = [x for x in items if isinstance(x, (Trajectory, BaseException))]
+    wanted = "model.log takes a list of art.TrajectoryGroup (or of art.Trajectory)"
+    if isinstance(trajectories, Trajectory):
+        raise TypeError(f"{wanted} (got one Trajectory); pass it in a list: model.log([trajectory])")
+    if isinstance(trajectories, Mapping):
+        raise TypeError(
+            f"{wanted} (got {type(trajectories).__name__}); numbers go to metrics: "
+            "model.log(metrics={'accuracy': 0.8}, split='val')"
+        )
+    if _unawaited(trajectories) or isinstance(trajectories, str) or not isinstance(trajectories, Iterable):
+        raise TypeError(f"{wanted} (got {type(trajectories).__name__}); {_group_fix(trajectories)}")
+    groups: list[TrajectoryGroup] = []
+    loose: list[Trajectory | BaseException] = []
+    for i, item in enumerate(trajectories):
+        if isinstance(item, TrajectoryGroup):
+            groups.append(item)
+        elif isinstance(item, (Trajectory, BaseException)):
+            loose.append(item)
+        else:
+            raise TypeError(f"{wanted} (got {type(item).__name__} at index {i}); {_group_fix(item)}")
     if loose:
         groups.append(TrajectoryGroup(loose))
     return groups
+
+
+def _unawaited(value: Any) -> bool:
+    return isinstance(value, PendingGroup) or inspect.isawaitable(value)
+
+
+def _group_fix(item: Any) -> str:
+    """How to turn a wrong item of a batch into the groups `log` and `train` take."""
+    if isinstance(item, PendingGroup):
+        return (
+            "await the group first: `group = await art.TrajectoryGroup(...)`, or "
+            "`groups = await art.gather_trajectory_groups([...])`"
+        )
+    if inspect.isawaitable(item):
+        return "await it first (e.g. `groups = await art.gather_trajectory_groups([...])`)"
+    if isinstance(item, (list, tuple)):
+        return "wrap trajectories in art.TrajectoryGroup([...]): one group per scenario"
+    if isinstance(item, Mapping):
+        return "make each rollout an art.Trajectory(messages_and_choices=[...], reward=...)"
+    return "pass the groups that `await art.gather_trajectory_groups([...])` returns"
+
+
+def _train_batch(trajectory_groups: Any) -> Any:
+    """`trajectory_groups` if it is a batch of groups (a generator becomes a list, since it is read twice);
+    a TypeError with the fix for a single group, an un-awaited gather and lists of trajectories."""
+    wanted = "train() takes a list of art.TrajectoryGroup"
+    if isinstance(trajectory_groups, TrajectoryGroup):
+        raise TypeError(f"{wanted} (got one TrajectoryGroup); wrap it in a list: model.train([group])")
+    if _unawaited(trajectory_groups) or not isinstance(trajectory_groups, Iterable):
+        raise TypeError(f"{wanted} (got {type(trajectory_groups).__name__}); {_group_fix(trajectory_groups)}")
+    if not isinstance(trajectory_groups, Sequence):
+        trajectory_groups = list(trajectory_groups)
+    for i, item in enumerate(trajectory_groups):
+        if not isinstance(item, TrajectoryGroup):
+            raise TypeError(f"{wanted} (got {type(item).__name__} at index {i}); {_group_fix(item)}")
+    return trajectory_groups
+
+
+def _check_train_configs(config: Any, dev_config: Any) -> None:
+    """`config` and `_config` are easy to swap (ART's dev.TrainConfig is a dict); say which goes where."""
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(
+            f"config takes art.TrainConfig(...) (got {type(config).__name__}); ART's dev settings "
+            "(art.dev.TrainConfig, a dict) go to `_config=`: model.train(groups, _config={...}), and single "
+            "settings may be keywords: model.train(groups, learning_rate=1e-5)"
+        )
+    if dev_config is not None and not isinstance(dev_config, Mapping):
+        raise TypeError(
+            f"_config takes ART's dev settings as a dict (got {type(dev_config).__name__}); pass "
+            "art.TrainConfig(...) as `config=` instead"
+        )
+
+
+def _checked_metrics(metrics: Any) -> dict[str, int | float | bool]:
+    """`metrics` with numpy scalars as Python numbers; a TypeError naming the key of a value that is not a
+    number. history.jsonl is append-only, so one text value would break its plots for the life of the run."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        hint = " (dict(pairs) makes one from a list of pairs)" if isinstance(metrics, (list, tuple)) else ""
+        raise TypeError(
+            f"metrics must be a dict of name -> number (got {type(metrics).__name__}); pass e.g. "
+            f"metrics={{'accuracy': 0.8}}{hint}"
+        )
+    checked: dict[str, int | float | bool] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(
+                f"metric names must be non-empty strings (got {key!r}); name it, e.g. metrics={{'accuracy': 0.8}}"
+            )
+        number = real_number(value)
+        if number is None:
+            raise TypeError(
+                f"metrics[{key!r}] must be a number (got {type(value).__name__} {value!r:.60}); log an int, "
+                "float or bool (e.g. 1.0 for yes, 0.0 for no), or leave the key out; nothing was logged"
+            )
+        checked[key] = number
+    return checked
 
 
 def _same_groups(a: list[TrajectoryGroup], b: list[TrajectoryGroup]) -> bool:

@@ -45,7 +45,7 @@ from typing import Any
 import pandas as pd
 
 from .atomic import append_line, disk_full, publish_dir, write_atomic
-from .names import check_name
+from .names import check_name, check_split, check_step
 from .trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("artnb")
@@ -323,10 +323,10 @@ class RunStore:
 
     # trajectories ----------------------------------------------------------------------------------
     def trajectories_dir(self, split: str) -> Path:
-        return self.dir / "trajectories" / split
+        return self.dir / "trajectories" / _one_folder(split)
 
     def trajectories_path(self, split: str, step: int) -> Path:
-        return self.trajectories_dir(split) / f"{step:04d}.parquet"
+        return self.trajectories_dir(split) / f"{check_step(step):04d}.parquet"
 
     def trajectory_files(self) -> list[tuple[str, int]]:
         """(split, step) of every logged trajectories file, sorted."""
@@ -366,6 +366,15 @@ class RunStore:
 
     def write_state(self, state: dict[str, Any]) -> None:
         write_atomic(self.state_path, json.dumps(state, indent=1, default=str))
+
+
+def _one_folder(split: Any) -> str:
+    """`split` if it names one folder inside trajectories/; else check_split's error. A second line of defence
+    (model.log checks the full name rule first): only what would leave the folder or fail deep in a write is
+    refused here, so readers listing folders that already exist (e.g. `.ipynb_checkpoints`) keep working."""
+    if isinstance(split, str) and split not in ("", ".", "..") and not {"/", "\\", "\0"} & set(split):
+        return split
+    return check_split(split)  # refuses every such value, with the rule
 
 
 def copy_checkpoint_files(src: Path, dst: Path) -> None:

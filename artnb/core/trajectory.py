@@ -8,17 +8,21 @@ coroutines returns an awaitable that runs them and keeps failures in `group.exce
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import math
+import numbers
 import time
 import traceback
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, overload
 
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .ignored import report_ignored
 
 Message = dict[str, Any]
 MessageOrChoice = Message | Choice
@@ -41,6 +45,41 @@ def _as_item(item: Any) -> MessageOrChoice:
     )
 
 
+def _as_items(value: Any) -> list[MessageOrChoice]:
+    """The conversation as a list of items; a TypeError saying how to fix the common slips (one message instead
+    of a list of them, None), which would otherwise fail on the message's keys or on iterating None."""
+    wanted = "messages_and_choices takes a list of messages and choices"
+    if value is None:
+        raise TypeError(f"{wanted} (got None); pass [] for an empty conversation, or leave the argument out")
+    if isinstance(value, (Mapping, Choice, BaseModel)):
+        raise TypeError(
+            f"{wanted} (got {type(value).__name__}); wrap the one message in a list: "
+            "messages_and_choices=[message]"
+        )
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{wanted} (got {type(value).__name__} {value!r:.60}); pass e.g. "
+            "[{'role': 'user', 'content': 'Hello'}], appending completion.choices[0] for each trainable turn"
+        )
+    return [_as_item(x) for x in value]
+
+
+def check_keywords(kind: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """pydantic drops a keyword the model has no field for, silently: a misspelling (`messages_and_choice=`)
+    would lose what it carried. A near miss of a field is a TypeError naming the field; any other unknown
+    keyword (a field of a newer ART, e.g. `exchanges`) is reported once as ignored, so that ART code still runs."""
+    known = sorted(known)
+    for key in given:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+        if close:
+            raise TypeError(f"{kind} has no field {key!r} (got {key}=...); did you mean {close[0]}=?")
+        report_ignored(
+            f"{kind}({key}=...)", f"{kind} has no such field here (its fields: {', '.join(known)})"
+        )
+
+
 def choice_to_message(choice: Choice) -> Message:
     """The assistant message dict a Choice stands for, as the next request's history needs it."""
     msg = choice.message
@@ -57,10 +96,17 @@ class History(BaseModel):
     messages_and_choices: list[Any] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            check_keywords(cls.__name__, data, cls.model_fields)
+        return data
+
     @field_validator("messages_and_choices", mode="before")
     @classmethod
     def _check_items(cls, v: Any) -> list[Any]:
-        return [_as_item(x) for x in v]
+        return _as_items(v)
 
     def messages(self) -> list[Message]:
         return [choice_to_message(x) if isinstance(x, Choice) else x for x in self.messages_and_choices]
@@ -169,6 +215,12 @@ class TrajectoryGroup(BaseModel):
         cls, trajectories: Iterable[Awaitable[Trajectory] | Trajectory], /, **kwargs: Any
     ) -> PendingGroup: ...
     def __new__(cls, trajectories: Any = None, /, **kwargs: Any) -> TrajectoryGroup | PendingGroup:
+        check_keywords(cls.__name__, kwargs, cls.model_fields)  # here too, so a pending group fails early
+        if isinstance(trajectories, (Trajectory, Mapping, str)):  # iterating these gives fields or letters
+            raise TypeError(
+                f"TrajectoryGroup takes a list of trajectories (got {type(trajectories).__name__}); wrap them in "
+                "a list: art.TrajectoryGroup([trajectory, ...])"
+            )
         if trajectories is not None and not isinstance(trajectories, list):
             trajectories = list(trajectories)
         if trajectories and any(inspect.isawaitable(t) for t in trajectories):
@@ -186,7 +238,8 @@ class TrajectoryGroup(BaseModel):
         bad = [t for t in (items or []) if not isinstance(t, (Trajectory, BaseException))]
         if bad:
             raise TypeError(
-                f"TrajectoryGroup items must be Trajectory objects (or awaitables of them), got {type(bad[0]).__name__}"
+                f"TrajectoryGroup items must be Trajectory objects or awaitables of them (got "
+                f"{type(bad[0]).__name__}); return an art.Trajectory from each rollout"
             )
         if "trajectories" in kwargs:
             trajs = list(kwargs.pop("trajectories")) + trajs
@@ -259,31 +312,94 @@ def shared_prefix(lists: list[list[Any]]) -> int:
 MAX_ABS_REWARD = 1e12
 
 
+def real_number(value: Any) -> int | float | bool | None:
+    """`value` as a Python number if it is a real number (int, float, bool, or a numpy scalar of one), else None.
+
+    numpy scalars are converted because the history and rollout files are JSON, which has no float32."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b":  # numpy's bool_ is not a numbers.Real
+        return bool(value)
+    return None
+
+
 def reward_problem(reward: Any) -> str | None:
     """Why training cannot use `reward` (not a number, NaN or infinite, too large to compare), or None."""
-    if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
+    value = real_number(reward)
+    if value is None or isinstance(value, bool):
+        return f"rewards must be numbers (got {type(reward).__name__})"
+    if not math.isfinite(value):
         return "rewards must be finite numbers"
-    if abs(reward) > MAX_ABS_REWARD:
+    if abs(value) > MAX_ABS_REWARD:
         return f"beyond +-{MAX_ABS_REWARD:g}, its group's advantages and the loss would overflow"
     return None
 
 
-def check_rewards(groups: Iterable[TrajectoryGroup]) -> None:
-    """Raise naming the trajectory if a reward is not a finite number of a size training can compare."""
+def metrics_problem(where: str, metrics: Any) -> str | None:
+    """Why `metrics` (of a trajectory or group, named by `where`) cannot be averaged into the history, or None.
+    NaN is allowed: averages leave it out, as they do in ART."""
+    if not isinstance(metrics, Mapping):
+        return (
+            f"{where} has metrics {metrics!r:.80} (got {type(metrics).__name__}); metrics must be a dict of "
+            "name -> number, e.g. {'win': 1}"
+        )
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            return f"{where} has a metric named {key!r} (got {type(key).__name__}); name metrics with strings"
+        if real_number(value) is None:
+            return (
+                f"{where} has metrics[{key!r}] = {value!r:.80} (got {type(value).__name__}); metrics must be "
+                f"numbers (int, float or bool): record a number (e.g. 1 for a win, 0 for a loss), or keep text "
+                f"in metadata[{key!r}] instead"
+            )
+    return None
+
+
+def trajectory_problem(group_index: int, traj_index: int, trajectory: Trajectory) -> str | None:
+    """What makes a trajectory unusable for training or logging (its reward or a metric), as a sentence naming
+    the group, trajectory and key and saying how to fix it; None when it is fine. Every check of rollout values
+    goes through here, so `model.log` and `model.train` refuse the same things before doing any work."""
+    where = f"group {group_index}, trajectory {traj_index}"
+    problem = reward_problem(trajectory.reward)
+    if problem is not None:
+        if "beyond" in problem:
+            fix = "Scale the reward down (GRPO compares rewards within a group, so a common factor changes nothing)"
+        elif "finite" in problem:
+            fix = "Fix the rollout's reward (e.g. guard a division by zero)"
+        else:
+            fix = "Set the reward to a number (e.g. 1.0 for a win, 0.0 for a loss)"
+        return f"{where} has reward {trajectory.reward!r}; {problem}. {fix}"
+    return metrics_problem(where, trajectory.metrics)
+
+
+def check_trajectories(groups: Iterable[TrajectoryGroup], then: str = "Nothing was trained") -> None:
+    """Raise a ValueError naming the group, trajectory and key if a reward is not a finite number of a size
+    training can compare, or a metric (of a trajectory or group) is not a number. `then` ends the message (what
+    was not done). When all is well, numpy scalars among rewards and metrics become Python numbers."""
+    groups = list(groups)
     for gi, group in enumerate(groups):
-        for ti, t in enumerate(group.trajectories):
-            problem = reward_problem(t.reward)
-            if problem is None:
-                continue
-            fix = (
-                "Scale the reward down (GRPO compares rewards within a group, so a common factor changes nothing)"
-                if "beyond" in problem
-                else "Fix the rollout's reward (e.g. guard a division by zero)"
-            )
-            raise ValueError(
-                f"group {gi}, trajectory {ti} has reward {t.reward!r}; {problem}. {fix} before training; "
-                "nothing was trained."
-            )
+        problems = (trajectory_problem(gi, ti, t) for ti, t in enumerate(group.trajectories))
+        problem = metrics_problem(f"group {gi}", group.metrics) or next(filter(None, problems), None)
+        if problem is not None:
+            raise ValueError(f"{problem}. {then}.")
+    for group in groups:
+        _plain_numbers(group.metrics)
+        for t in group.trajectories:
+            t.reward = float(t.reward)
+            _plain_numbers(t.metrics)
+
+
+check_rewards = check_trajectories  # the name tokenize.py and earlier callers use
+
+
+def _plain_numbers(metrics: dict[str, Any]) -> None:
+    for key, value in metrics.items():
+        if type(value) not in (bool, int, float):
+            metrics[key] = real_number(value)
 
 
 def dumps_json(obj: Any) -> str:

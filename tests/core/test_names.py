@@ -1,8 +1,9 @@
 """Names that become folders or adapter keys: what passes, and what is refused with the rule."""
 
+import numpy as np
 import pytest
 
-from artnb.core.names import check_adapter_name, check_name, from_art_step
+from artnb.core.names import check_adapter_name, check_name, check_split, check_step, from_art_step
 
 
 @pytest.mark.parametrize("name", ["agent", "agent@3", "agent-001@12", "my agent.v2@0", "_x"])
@@ -28,3 +29,35 @@ def test_arts_serverless_step_spelling_names_the_same_adapter():
     )
     for unchanged in ("agent", "agent@3", "agent:stepx", "agent:step", ":step3x"):
         assert from_art_step(unchanged) == unchanged
+
+
+@pytest.mark.parametrize("name", ["agent\n", "agent\r\n", "a\n"])
+def test_a_trailing_newline_is_refused_in_every_kind_of_name(name):
+    with pytest.raises(ValueError, match="is not allowed"):
+        check_name(name)
+    with pytest.raises(ValueError, match="is not allowed"):
+        check_adapter_name(name)
+    with pytest.raises(ValueError, match="is not allowed"):
+        check_adapter_name(f"agent@3{name[-1]}")
+    assert from_art_step("agent:step3\n") == "agent:step3\n"
+
+
+def test_splits_follow_the_name_rule_and_say_what_to_pass():
+    assert check_split("val") == "val" and check_split("train") == "train"
+    with pytest.raises(ValueError, match=r"split='\.\./x' is not allowed.*For example 'x'"):
+        check_split("../x")
+    with pytest.raises(ValueError, match=r"split='' is not allowed.*For example 'val'"):
+        check_split("")
+    with pytest.raises(
+        TypeError, match=r"split must be a string .*\(got NoneType None\); pass e\.g\. split='val'"
+    ):
+        check_split(None)
+
+
+def test_steps_are_whole_numbers_from_zero():
+    assert check_step(0) == 0 and check_step(np.int64(4)) == 4 and type(check_step(np.int64(4))) is int
+    for bad in ("3", 1.5, True, None):
+        with pytest.raises(TypeError, match=r"step must be a whole number >= 0 \(got .*\); pass an int"):
+            check_step(bad)
+    with pytest.raises(ValueError, match=r"step must be >= 0 \(got -1\)"):
+        check_step(-1)

@@ -180,3 +180,15 @@ def test_base_model_path_that_does_not_exist():
     with pytest.raises(FileNotFoundError, match="not an existing model directory"):
         resolve_base_model("./no/such/model")
     assert resolve_base_model("Qwen/Qwen2.5-3B-Instruct") == "Qwen/Qwen2.5-3B-Instruct"
+
+
+@pytest.mark.parametrize("split", ["../x", "a/b", "..", "", None])
+def test_trajectory_paths_never_leave_the_run_directory(tmp_path, split):
+    store = art.Model(name="m", project="p", base_path=str(tmp_path)).store
+    with pytest.raises((TypeError, ValueError), match="split"):
+        store.trajectories_path(split, 0)
+    with pytest.raises(TypeError, match="step must be a whole number"):
+        store.trajectories_path("val", "1")
+    assert (
+        store.trajectories_dir(".ipynb_checkpoints").parent == store.dir / "trajectories"
+    )  # listed, not written

@@ -169,6 +169,8 @@ def test_internal_config_that_is_not_a_dict_says_to_pass_one(config):
         resolve(config)
     with pytest.raises(TypeError, match="_internal_config takes a dict"):
         check_internal_config(config)
+    with pytest.raises(TypeError, match="_internal_config takes a dict"):  # where it is given, not at register
+        art.TrainableModel(name="m", project="p", base_model="x", _internal_config=config)
 
 
 def test_an_art_config_still_resolves_silently():
