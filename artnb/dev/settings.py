@@ -19,7 +19,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.config import TrainerConfig, art_lora_fields, close_art_keys, unknown_art_key
+from ..core.config import (
+    TrainerConfig,
+    art_lora_fields,
+    check_internal_config,
+    close_art_keys,
+    unknown_art_key,
+)
 from ..core.ignored import report_ignored
 
 if TYPE_CHECKING:
@@ -110,22 +116,6 @@ class InternalSettings:
             report_ignored(
                 "_internal_config.engine_args", f"the HF engine serves this model ({flags} are vLLM's)"
             )
-
-
-def check_internal_config(config: object) -> dict[str, Any] | None:
-    """`config` as the dict a model keeps (None for none); a TypeError naming the fix for anything else.
-
-    For the places that first take an `_internal_config` (`TrainableModel(_internal_config=...)`), so that a
-    string or a list is refused there, not at `register` as a puzzling conversion error.
-    """
-    if config is None:
-        return None
-    if not isinstance(config, Mapping):
-        raise TypeError(
-            f"_internal_config takes a dict (got {type(config).__name__} {config!r:.60}); pass "
-            "art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=8192), ...)"
-        )
-    return dict(config)
 
 
 def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) -> InternalSettings:
