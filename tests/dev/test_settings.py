@@ -169,7 +169,9 @@ def test_internal_config_that_is_not_a_dict_says_to_pass_one(config):
         resolve(config)
     with pytest.raises(TypeError, match="_internal_config takes a dict"):
         check_internal_config(config)
-    with pytest.raises(TypeError, match="_internal_config takes a dict"):  # where it is given, not at register
+    with pytest.raises(
+        TypeError, match="_internal_config takes a dict"
+    ):  # where it is given, not at register
         art.TrainableModel(name="m", project="p", base_model="x", _internal_config=config)
 
 
