@@ -98,8 +98,11 @@ class EngineTransport(httpx.AsyncBaseTransport):
             return False
         adapter = f"{name}@{int(step)}"
         async with self.loading:  # rollouts in parallel asking for the same step: one load
-            if adapter not in await self._served_names(served):  # (the engine keeps its newest few loaded)
+            if adapter not in await self._served_names(served):
                 await served.engine.load_adapter(adapter, str(served.store.checkpoint_path(int(step))))
+                # the engine keeps a few adapters, evicting the first loaded: that may have been the newest
+                if served.model.get_inference_name(served.step) not in await self._served_names(served):
+                    served.newest_evicted()
         return True
 
     async def _served_names(self, served: ServedModel) -> set[str]:

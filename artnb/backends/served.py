@@ -69,6 +69,11 @@ class ServedModel:
         """The engine is alive and serves the newest committed step."""
         return self.engine.alive() and self.serving_step == self.step
 
+    def newest_evicted(self) -> None:
+        """The engine let the newest step's adapter go (it keeps its newest few, and an older step was loaded
+        for a request that named it): the next request through the model's client loads it again."""
+        self.serving_step = None
+
     async def ensure_engine(self) -> None:
         """Restart the engine if its process died, and make it serve the newest committed step."""
         async with self.restart_lock:

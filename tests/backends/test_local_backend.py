@@ -347,3 +347,23 @@ async def test_an_older_checkpoint_on_disk_is_served_when_a_request_names_it(tmp
         assert await ask("agent") == "agent@2"  # the newest stays the default
         with pytest.raises(openai.NotFoundError, match="agent@7"):  # a step not on disk stays an error
             await ask("agent@7")
+
+
+async def test_loading_older_steps_never_leaves_the_plain_name_on_an_older_policy(tmp_path, base):
+    """The engine keeps max_loras adapters and evicts the first loaded: older steps loaded on request may push
+    the newest out, and the model's plain name must then load it again, not fall back to an older step."""
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    async with art.LocalBackend(path=tmp_path, engine="hf", engine_options={"max_loras": 2}) as backend:
+        await model.register(backend)
+        for step in range(3):
+            await model.train(await gather(model, step), learning_rate=1e-2)
+        client = model.openai_client()
+
+        async def ask(name: str) -> str:
+            completion = await client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "Which?"}], max_tokens=2
+            )
+            return completion.model
+
+        assert [await ask(f"agent@{step}") for step in (1, 0)] == ["agent@1", "agent@0"]
+        assert await ask("agent") == "agent@3"

@@ -224,6 +224,9 @@ async def test_a_failed_register_stops_its_engine_and_frees_the_run(tmp_path, ba
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         await model.register(backend)
     before = engine_children()
+    # Without model.json, register meets the other LoRA shape only when the trainer loads the checkpoint, after
+    # the engine started (with it, register refuses before any start: test_local_backend.py).
+    (tmp_path / "p/models/agent/model.json").unlink()
     other_shape = art.TrainableModel(name="agent", project="p", base_model=base, lora=art.LoRAConfig(r=4))
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
         with pytest.raises(ValueError, match="use the same LoRAConfig to resume"):
