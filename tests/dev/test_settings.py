@@ -115,23 +115,27 @@ def test_a_section_that_is_not_a_dict_names_the_key(section, value):
         resolve({section: value})
 
 
-def test_use_gradient_checkpointing_takes_bools_and_unsloth_but_no_other_string():
+def test_use_gradient_checkpointing_takes_bools_and_unsloth():
     for value, expected in ((True, True), (False, False), ("unsloth", True)):
         settings = resolve({"init_args": {"use_gradient_checkpointing": value}})
         assert settings.trainer["gradient_checkpointing"] is expected
-    with pytest.raises(
-        ValueError, match=r'must be True, False or "unsloth" \(got \'false\'\); pass the bool False'
-    ):
-        resolve({"init_args": {"use_gradient_checkpointing": "false"}})
-    with pytest.raises(
-        TypeError,
-        match=r'_internal_config\["trainer_args"\]\["gradient_checkpointing"\] must be True or False',
-    ):
-        resolve({"trainer_args": {"gradient_checkpointing": "false"}})
-    with pytest.raises(
-        TypeError, match=r'_internal_config\["init_args"\]\["load_in_4bit"\] must be True or False'
-    ):
-        resolve({"init_args": {"load_in_4bit": "false"}}, on_cuda=True)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "error", "said"),
+    [
+        ("init_args", "use_gradient_checkpointing", "false", ValueError,
+         r'must be True, False or "unsloth" \(got \'false\'\); pass the bool False'),
+        ("trainer_args", "gradient_checkpointing", "false", TypeError, "must be True or False"),
+        ("init_args", "load_in_4bit", "false", TypeError, "must be True or False"),  # bool("false") is True
+        ("trainer_args", "seed", "abc", TypeError, r"must be a whole number \(got 'abc'\)"),
+        ("engine_args", "max_num_seqs", 0, ValueError, "must be a whole number >= 1"),
+    ],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_or_range_is_named_as_written(section, key, value, error, said):
+    where = rf'_internal_config\["{section}"\]\["{key}"\]'
+    with pytest.raises(error, match=rf"{where} {said}"):
+        resolve({section: {key: value}}, on_cuda=True)
 
 
 @pytest.mark.parametrize("on_cuda", [False, True])
@@ -147,18 +151,6 @@ def test_gpu_memory_utilization_must_be_a_fraction_up_to_1(on_cuda, value, error
         warnings.simplefilter("ignore")
         settings = resolve({"engine_args": {"gpu_memory_utilization": 1}}, on_cuda=on_cuda)
     assert settings.gpu_overrides == ({"gpu_memory_utilization": 1.0} if on_cuda else {})
-
-
-def test_whole_number_settings_refuse_strings():
-    with pytest.raises(
-        TypeError,
-        match=r'_internal_config\["trainer_args"\]\["seed"\] must be a whole number \(got \'abc\'\)',
-    ):
-        resolve({"trainer_args": {"seed": "abc"}})
-    with pytest.raises(
-        ValueError, match=r'_internal_config\["engine_args"\]\["max_num_seqs"\] must be a whole number >= 1'
-    ):
-        resolve({"engine_args": {"max_num_seqs": 0}})
 
 
 @pytest.mark.parametrize("config", ["x", [1], ("init_args",)])
