@@ -99,7 +99,10 @@ class EngineTransport(httpx.AsyncBaseTransport):
         adapter = f"{name}@{int(step)}"
         async with self.loading:  # rollouts in parallel asking for the same step: one load
             if adapter not in await self._served_names(served):
-                await served.engine.load_adapter(adapter, str(served.store.checkpoint_path(int(step))))
+                try:
+                    await served.engine.load_adapter(adapter, str(served.store.checkpoint_path(int(step))))
+                except Exception:  # deleted meanwhile (delete_checkpoints), say: the engine's 404 stands
+                    return False
                 # the engine keeps a few adapters, evicting the first loaded: that may have been the newest
                 if served.model.get_inference_name(served.step) not in await self._served_names(served):
                     served.newest_evicted()

@@ -153,20 +153,26 @@ async def delete_checkpoints(served: ServedModel, best_checkpoint_metric: str) -
 
 
 def _check_metric_known(metric: str, columns: Iterable[str]) -> None:
-    """A metric the caller named that the history lacks (a typo, or one never logged) would make "keep the best"
-    keep only the latest: refuse before deleting anything. ART's default metric may be absent (no validation was
-    logged): then only the latest is kept, with a warning, as in ART."""
-    columns = [c for c in columns if c not in ("step", "split")]
+    """A metric missing from the history keeps only the latest checkpoint (with a warning), as in ART: a
+    validation metric a weak model has not scored yet (ART's art-e logs `val/correct` only for answered games) is
+    not an error. A near miss of a metric of the same split (`val/accuracy` for `val/acc`) is a typo, and
+    keeping only the latest would delete the best checkpoint for good: refused before anything is deleted."""
     if metric == names.BEST_CHECKPOINT_METRIC or metric in columns:
         return
-    close = difflib.get_close_matches(metric, columns, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-    shown = sorted(columns)[:20]
-    more = f" and {len(columns) - len(shown)} more" if len(columns) > len(shown) else ""
-    raise ValueError(
-        f"delete_checkpoints(best_checkpoint_metric={metric!r}): the run's history has no {metric!r}, so the best "
-        f"checkpoint by it cannot be found, and nothing was deleted. {hint}Columns in the history: "
-        f"{', '.join(shown) or 'none'}{more}"
+    split, _, short = metric.rpartition("/")
+    close = [c for c in columns if c.rpartition("/")[0] == split and _near(c.rpartition("/")[2], short)]
+    if close:
+        raise ValueError(
+            f"delete_checkpoints(best_checkpoint_metric={metric!r}): the run's history has no {metric!r}, so the "
+            f"best checkpoint by it cannot be found, and nothing was deleted. Did you mean "
+            f"{' or '.join(map(repr, close))}?"
+        )
+
+
+def _near(a: str, b: str) -> bool:
+    """Two metric names one could be a slip for the other: one cut short (acc, accuracy) or a typo."""
+    return bool(a and b) and (
+        a.startswith(b) or b.startswith(a) or difflib.SequenceMatcher(None, a, b).ratio() >= 0.8
     )
 
 

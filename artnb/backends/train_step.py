@@ -188,12 +188,13 @@ class TrainStep:
         if served.bill is not None:
             metrics[COST_KEY] = served.bill.take()
         row = self._history_row(metrics)
+        there_before = served.store.read_commit(step + 1) is not None  # (one writer: never, short of a bug)
         try:
             await served.on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         except Exception as error:
-            if served.store.read_commit(step + 1) is None:
+            if there_before or served.store.read_commit(step + 1) is None:
                 self._uncommitted(error, metrics)
-            # else it raised after the rename (the directory's fsync): the step happened, as the disk shows
+            # else it raised after its own rename (the directory's fsync): the step happened, as the disk shows
             self.notes.append(
                 f"artnb: step {step} is committed (checkpoint {step + 1:04d} is in place), but the disk reported an "
                 f"error after writing it ({error}). The run goes on at step {step + 1}; check that disk, since a "

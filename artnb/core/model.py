@@ -234,7 +234,7 @@ class Model(BaseModel, Generic[ModelConfig]):
         split = check_split(split)
         step = None if step is None else check_step(step)
         given = _checked_metrics(metrics)
-        check_trajectories(groups, then="Nothing was logged")
+        check_trajectories(groups, then="Nothing was logged", for_training=False)
         metric_row = {k if "/" in k else names.split_metric(split, k): v for k, v in given.items()}
         metric_row = {**costs.drain_for(self._costs), **metric_row}
         trained = self._trained
@@ -609,8 +609,12 @@ def summarize_groups(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     out["num_trajectories"] = len(trajs)
     out["exception_rate"] = n_exc / (len(trajs) + n_exc)
     if trajs:
-        out["reward"] = statistics.fmean(t.reward for t in trajs)
-        stds = [statistics.pstdev(g.rewards()) for g in groups if len(g.trajectories) > 1]
+        # non-finite rewards (a logged validation game that scored NaN) are left out, as metrics' are
+        rewards = [float(t.reward) for t in trajs if math.isfinite(t.reward)]
+        if rewards:
+            out["reward"] = statistics.fmean(rewards)
+        finite = [[float(r) for r in g.rewards() if math.isfinite(r)] for g in groups]
+        stds = [statistics.pstdev(rs) for rs in finite if len(rs) > 1]
         if stds:
             out[names.std_of("reward")] = statistics.fmean(stds)
         keys = sorted({k for t in trajs for k in t.metrics})

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any, overload
 
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .ignored import report_ignored
 
@@ -64,11 +64,14 @@ def _as_items(value: Any) -> list[MessageOrChoice]:
     return [_as_item(x) for x in value]
 
 
-def check_keywords(kind: str, given: Iterable[str], known: Iterable[str]) -> None:
+def check_keywords(model: type[BaseModel], given: Iterable[str]) -> None:
     """pydantic drops a keyword the model has no field for, silently: a misspelling (`messages_and_choice=`)
     would lose what it carried. A near miss of a field is a TypeError naming the field; any other unknown
-    keyword (a field of a newer ART, e.g. `exchanges`) is reported once as ignored, so that ART code still runs."""
-    known = sorted(known)
+    keyword (a field of a newer ART, e.g. `exchanges`) is reported once as ignored, so that ART code still runs.
+    A user's subclass keeps pydantic's own rules: its aliases are names, and `extra="allow"` keeps anything."""
+    if model.model_config.get("extra") == "allow":
+        return
+    kind, known = model.__name__, sorted(_field_names(model))
     for key in given:
         if key in known:
             continue
@@ -78,6 +81,16 @@ def check_keywords(kind: str, given: Iterable[str], known: Iterable[str]) -> Non
         report_ignored(
             f"{kind}({key}=...)", f"{kind} has no such field here (its fields: {', '.join(known)})"
         )
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    """What a keyword may be called: each field's name and its aliases."""
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        names |= {a for a in (field.alias, field.validation_alias) if isinstance(a, str)}
+        if isinstance(field.validation_alias, AliasChoices):
+            names |= {c for c in field.validation_alias.choices if isinstance(c, str)}
+    return names
 
 
 def choice_to_message(choice: Choice) -> Message:
@@ -100,7 +113,7 @@ class History(BaseModel):
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
-            check_keywords(cls.__name__, data, cls.model_fields)
+            check_keywords(cls, data)
         return data
 
     @field_validator("messages_and_choices", mode="before")
@@ -215,7 +228,7 @@ class TrajectoryGroup(BaseModel):
         cls, trajectories: Iterable[Awaitable[Trajectory] | Trajectory], /, **kwargs: Any
     ) -> PendingGroup: ...
     def __new__(cls, trajectories: Any = None, /, **kwargs: Any) -> TrajectoryGroup | PendingGroup:
-        check_keywords(cls.__name__, kwargs, cls.model_fields)  # here too, so a pending group fails early
+        check_keywords(cls, kwargs)  # here too, so a pending group fails early
         if isinstance(trajectories, (Trajectory, Mapping, str)):  # iterating these gives fields or letters
             raise TypeError(
                 f"TrajectoryGroup takes a list of trajectories (got {type(trajectories).__name__}); wrap them in "
@@ -359,12 +372,18 @@ def metrics_problem(where: str, metrics: Any) -> str | None:
     return None
 
 
-def trajectory_problem(group_index: int, traj_index: int, trajectory: Trajectory) -> str | None:
+def trajectory_problem(
+    group_index: int, traj_index: int, trajectory: Trajectory, for_training: bool = True
+) -> str | None:
     """What makes a trajectory unusable for training or logging (its reward or a metric), as a sentence naming
     the group, trajectory and key and saying how to fix it; None when it is fine. Every check of rollout values
     goes through here, so `model.log` and `model.train` refuse the same things before doing any work."""
     where = f"group {group_index}, trajectory {traj_index}"
     problem = reward_problem(trajectory.reward)
+    if problem is not None and not for_training and real_number(trajectory.reward) is not None:
+        problem = (
+            None  # a NaN or huge reward can be recorded (averages leave non-finite ones out), not trained
+        )
     if problem is not None:
         if "beyond" in problem:
             fix = "Scale the reward down (GRPO compares rewards within a group, so a common factor changes nothing)"
@@ -376,13 +395,16 @@ def trajectory_problem(group_index: int, traj_index: int, trajectory: Trajectory
     return metrics_problem(where, trajectory.metrics)
 
 
-def check_trajectories(groups: Iterable[TrajectoryGroup], then: str = "Nothing was trained") -> None:
-    """Raise a ValueError naming the group, trajectory and key if a reward is not a finite number of a size
-    training can compare, or a metric (of a trajectory or group) is not a number. `then` ends the message (what
-    was not done). When all is well, numpy scalars among rewards and metrics become Python numbers."""
+def check_trajectories(
+    groups: Iterable[TrajectoryGroup], then: str = "Nothing was trained", for_training: bool = True
+) -> None:
+    """Raise a ValueError naming the group, trajectory and key if a reward is not a number (for training: not a
+    finite number of a size training can compare), or a metric (of a trajectory or group) is not a number.
+    `then` ends the message (what was not done). When all is well, numpy scalars among rewards and metrics
+    become Python numbers."""
     groups = list(groups)
     for gi, group in enumerate(groups):
-        problems = (trajectory_problem(gi, ti, t) for ti, t in enumerate(group.trajectories))
+        problems = (trajectory_problem(gi, ti, t, for_training) for ti, t in enumerate(group.trajectories))
         problem = metrics_problem(f"group {gi}", group.metrics) or next(filter(None, problems), None)
         if problem is not None:
             raise ValueError(f"{problem}. {then}.")

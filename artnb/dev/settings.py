@@ -82,7 +82,7 @@ ART_INIT_ARGS = frozenset(
     """model_name max_seq_length dtype load_in_4bit load_in_8bit load_in_16bit full_finetuning token device_map
     rope_scaling fix_tokenizer trust_remote_code use_gradient_checkpointing resize_model_vocab revision
     use_exact_model_name fast_inference gpu_memory_utilization float8_kv_cache random_state max_lora_rank
-    disable_log_stats enable_prefix_caching use_async""".split()
+    disable_log_stats enable_prefix_caching use_async load_in_fp8""".split()
 )
 _HONOURED = {
     "_internal_config": ["init_args", "engine_args", "lora_config", "peft_args", "trainer_args"],
@@ -247,7 +247,9 @@ def _known_key(section: str, key: str, known: Iterable[str], honoured: Iterable[
     report as ignored. For the sections whose keys ART lists in full (the top level, init_args)."""
     if key in known:
         return True
-    if close_art_keys(key, known, cutoff=0.75):
+    if close_art_keys(
+        key, known, cutoff=0.8
+    ):  # (load_in_fp8, a real Unsloth option, is 0.78 from load_in_8bit)
         raise unknown_art_key(f"_internal_config.{section}".rstrip("."), key, known, honoured)
     return False
 
@@ -298,6 +300,8 @@ def _engine_value(where: str, key: str, value: Any) -> Any:
         return _memory_fraction(where, value)
     if key in _BOOL_FLAGS:
         return _flag(where, value)
+    if key == "max_logprobs" and value == -1:
+        return -1  # vLLM: no cap
     if key in _POSITIVE_INT_FLAGS:
         return _whole(where, value, minimum=1)
     return value

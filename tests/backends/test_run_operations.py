@@ -1,5 +1,6 @@
-"""`model.delete_checkpoints(best_checkpoint_metric)`: keeps the latest and the best step by that metric, and
-refuses, deleting nothing, when the history has no such metric (a typo would otherwise keep only the latest)."""
+"""`model.delete_checkpoints(best_checkpoint_metric)`: keeps the latest and the best step by that metric; refuses,
+deleting nothing, a near miss of a metric the history has (a typo would keep only the latest, deleting the best);
+keeps only the latest, as ART does, for a metric not logged yet."""
 
 from __future__ import annotations
 
@@ -25,9 +26,17 @@ async def three_steps(tmp_path):
 
 async def test_a_metric_the_history_lacks_deletes_nothing_and_names_the_close_ones(three_steps):
     model = three_steps
-    with pytest.raises(ValueError, match=r"no 'val/accuracy'.*nothing was deleted.*did you mean 'val/acc'"):
-        await model.delete_checkpoints("val/accuracy")
+    for typo in ("val/accuracy", "val/ac"):
+        with pytest.raises(ValueError, match=rf"no '{typo}'.*nothing was deleted. Did you mean 'val/acc'"):
+            await model.delete_checkpoints(typo)
     assert model.store.steps() == [0, 1, 2, 3]
+
+
+async def test_a_metric_not_logged_yet_keeps_the_latest_as_in_art(three_steps):
+    """ART's art-e notebook: `val/correct` exists only once a validation game was answered."""
+    model = three_steps
+    with pytest.warns(UserWarning, match="no 'val/correct' in the history; keeping only the latest"):
+        assert await model.delete_checkpoints("val/correct") == [0, 1, 2]
 
 
 async def test_the_latest_and_the_best_by_the_metric_are_kept(three_steps):

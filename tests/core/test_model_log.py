@@ -122,12 +122,8 @@ async def test_log_refuses_metrics_that_are_not_numbers_and_writes_nothing(model
 @pytest.mark.parametrize(
     "spoil, match",
     [
-        (
-            lambda t: setattr(t, "reward", math.nan),
-            r"group 0, trajectory 1 has reward nan; .*finite.*Nothing was logged",
-        ),
-        (lambda t: setattr(t, "reward", math.inf), r"trajectory 1 has reward inf"),
         (lambda t: setattr(t, "reward", None), r"has reward None; rewards must be numbers \(got NoneType\)"),
+        (lambda t: setattr(t, "reward", "1"), r"has reward '1'; rewards must be numbers \(got str\)"),
         (
             lambda t: t.metrics.update(winner="x"),
             r"group 0, trajectory 1 has metrics\['winner'\] = 'x' \(got str\).*metadata\['winner'\]",
@@ -141,6 +137,17 @@ async def test_log_refuses_bad_rewards_and_metrics_set_after_construction(model,
     with pytest.raises(ValueError, match=match):
         await model.log([g], step=0)
     assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("odd", [math.nan, math.inf, 5e12])
+async def test_a_reward_training_could_not_use_is_still_logged_and_left_out_of_the_mean(model, odd):
+    """A validation game that scored NaN, or a comparison model's huge score: recorded as ART records it (the
+    training checks are for training); the mean reward is over the finite ones."""
+    g = group(1.0, 0.0, odd)
+    row = await model.log([g], step=0)
+    expected = 0.5 if not math.isfinite(odd) else (1.0 + odd) / 3
+    assert row["val/reward"] == pytest.approx(expected)
+    assert len(model.store.read_trajectories("val", 0)[0].trajectories) == 3
 
 
 async def test_numpy_rewards_and_metrics_are_logged_as_plain_numbers(model):

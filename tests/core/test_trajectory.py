@@ -1,9 +1,11 @@
 """Trajectories and groups refuse what they would silently drop or fail on later, naming the key and the fix."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
+from pydantic import ConfigDict, Field
 
 import artnb as art
 from artnb.core.trajectory import check_trajectories, reward_problem, trajectory_problem
@@ -127,3 +129,18 @@ def test_a_bad_group_metric_is_named_too():
     g.metrics["judge"] = "n/a"
     with pytest.raises(ValueError, match=r"group 0 has metrics\['judge'\] = 'n/a' \(got str\)"):
         check_trajectories([g], then="Nothing was logged")
+
+
+def test_a_users_subclass_keeps_its_aliases_and_extra_fields():
+    """ART's examples subclass Trajectory (art-e's ProjectTrajectory): pydantic's own rules still hold."""
+
+    class Aliased(art.Trajectory):
+        scenario_id: int = Field(0, alias="scenarioId")
+
+    class Open(art.Trajectory):
+        model_config = ConfigDict(extra="allow")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Aliased(messages_and_choices=[HI], reward=1, scenarioId=3).scenario_id == 3
+        assert Open(messages_and_choices=[HI], reward=1, scenario_id=3).model_extra == {"scenario_id": 3}

@@ -178,3 +178,10 @@ def test_an_art_config_still_resolves_silently():
         settings = resolve(config, on_cuda=True)
     assert settings.max_seq_length == 4096 and settings.lora == {"r": 16, "alpha": 32}
     assert check_internal_config(config) == config and check_internal_config(None) is None
+
+
+def test_unsloths_and_vllms_own_values_are_not_mistaken_for_typos():
+    """load_in_fp8 is Unsloth's (near load_in_8bit); max_logprobs=-1 is vLLM's "no cap"."""
+    with pytest.warns(UserWarning, match="init_args.load_in_fp8 is accepted"):
+        resolve({"init_args": {"load_in_fp8": True}})
+    assert "--max-logprobs" in resolve({"engine_args": {"max_logprobs": -1}}).vllm_args
