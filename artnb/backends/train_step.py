@@ -11,9 +11,9 @@ than GRPO's, and their second moments would shrink the first RL updates for ~100
 Until the commit nothing on disk changes. The commit (`RunStore.commit_step`) writes checkpoint step+1 with the
 step's history row and rollouts inside it and renames it into place: after that rename the step happened, and
 what follows (the directory's fsync, publishing the row and rollouts, loading the adapter into the engine,
-releasing held requests) cannot undo it; a failure there is a warning, and the work is finished later (`RunStore.publish_pending`, the
-engine transport). A failure before the commit reloads the trainer from the last checkpoint, so the weights and
-optimizer in memory are never ahead of the disk.
+releasing held requests) cannot undo it; a failure there is a warning, and the work is finished later
+(`RunStore.publish_pending`, the engine transport). A failure before the commit reloads the trainer from the last
+checkpoint, so the weights and optimizer in memory are never ahead of the disk.
 
 Between the commit and publish the trainer gives its cached GPU memory back (`free_memory`), so that the engine,
 asleep on the same GPU while it is held, can wake to load the new adapter; it does so after a failed train too.
