@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -443,20 +442,17 @@ def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
     Another base with the same shapes would load silently and train a mismatched adapter; another shape fails
     deep in PEFT. Both are refused here, before the run is touched."""
     step = store.latest_step()
-    info = store.dir / "model.json"
-    if step is None or not info.is_file():
-        return
-    try:
-        recorded = json.loads(info.read_text())
-    except (OSError, ValueError):
-        return  # unreadable: nothing to compare against, and register rewrites it
-    now = _model_info(model)
+    recorded = store.read_model_info() if step is not None else None
+    if recorded is None:
+        return  # nothing to compare against (register writes it once the model serves)
+    info, now = store.model_info_path, _model_info(model)
     changed = (
         [f"base_model {recorded['base_model']!r} -> {now['base_model']!r}"]
         if ("base_model" in recorded and recorded["base_model"] != now["base_model"])
         else []
     )
-    old_lora = recorded.get("lora") if isinstance(recorded.get("lora"), dict) else {}
+    lora = recorded.get("lora")
+    old_lora: dict[str, Any] = lora if isinstance(lora, dict) else {}
     for key in ("r", "alpha", "target_modules"):  # what shapes the adapter or scales it (not dropout)
         if key in old_lora and old_lora[key] != now["lora"].get(key):
             changed.append(f"lora.{key} {old_lora[key]!r} -> {now['lora'].get(key)!r}")

@@ -188,11 +188,11 @@ class TrainStep:
         if served.bill is not None:
             metrics[COST_KEY] = served.bill.take()
         row = self._history_row(metrics)
-        there_before = served.store.read_commit(step + 1) is not None  # (one writer: never, short of a bug)
         try:
             await served.on_trainer_thread(served.store.commit_step, step, write, row, self.groups)
         except Exception as error:
-            if there_before or served.store.read_commit(step + 1) is None:
+            # FileExistsError: checkpoint step+1 was there already (not this step's); no record: before the rename
+            if isinstance(error, FileExistsError) or served.store.read_commit(step + 1) is None:
                 self._uncommitted(error, metrics)
             # else it raised after its own rename (the directory's fsync): the step happened, as the disk shows
             self.notes.append(

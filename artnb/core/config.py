@@ -11,7 +11,6 @@ once per process by name (`_IGNORED`); anything else is a TypeError that lists t
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,6 +26,7 @@ from pydantic import (
 )
 
 from .ignored import report_ignored
+from .names import nearest
 
 if TYPE_CHECKING:
     from .grpo import LossSettings
@@ -68,16 +68,11 @@ def _python_path(dotted: str) -> str:
     return first + "".join(f'["{part}"]' for part in rest)
 
 
-def close_art_keys(key: str, known: Iterable[str], cutoff: float = 0.6) -> list[str]:
-    """The known names nearest to `key` (a likely typo of them), best first."""
-    return difflib.get_close_matches(key, sorted(known), n=3, cutoff=cutoff)
-
-
 def unknown_art_key(path: str, key: str, known: Iterable[str], honoured: Iterable[str]) -> ValueError:
     """The error for `key` under `path` (dotted, as "_internal_config.init_args") that neither artnb nor ART
     has: a typo would otherwise be reported as an ignored ART option, and the setting silently not applied."""
     where = _python_path(path)
-    close = close_art_keys(key, known)
+    close = nearest(key, known)
     fix = f"did you mean {' or '.join(map(repr, close))}?" if close else "check the spelling"
     return ValueError(
         f"unknown key in {where}, one neither artnb nor ART has (got {key!r}); {fix} The keys artnb uses "
@@ -115,7 +110,7 @@ def art_lora_fields(section: str, args: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in args.items():
         if key in ART_LORA_KEYS:
             fields[ART_LORA_KEYS[key]] = value
-        elif key not in ART_LORA_IGNORED and close_art_keys(key, ART_LORA_KEYS, cutoff=0.7):
+        elif key not in ART_LORA_IGNORED and nearest(key, ART_LORA_KEYS, cutoff=0.7):
             raise unknown_art_key(section, key, {*ART_LORA_KEYS, *ART_LORA_IGNORED}, ART_LORA_KEYS)
         else:  # ART's other keys, and PEFT's own (use_dora, ...) that ART passes on
             report_ignored(f"{section}.{key}", "artnb's LoRA has rank, alpha, dropout and targets")

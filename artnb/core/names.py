@@ -8,8 +8,10 @@ adapter names they are sent without importing the run store.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 import re
+from collections.abc import Iterable
 from typing import Any
 
 # Used with fullmatch: `$` would also match before a trailing newline, letting "agent\n" name a folder.
@@ -56,6 +58,11 @@ def check_adapter_name(value: str) -> str:
             "no '/', '\\' or '..'), optionally followed by '@' and a step number, e.g. 'agent@3'"
         )
     return value
+
+
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """The known names nearest to `name` (a likely misspelling of them), best first: for "did you mean"."""
+    return difflib.get_close_matches(str(name), sorted(known), n=3, cutoff=cutoff)
 
 
 def check_split(split: Any) -> str:

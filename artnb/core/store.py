@@ -130,7 +130,19 @@ class RunStore:
 
     # model settings --------------------------------------------------------------------------------
     def write_model_info(self, info: dict[str, Any]) -> None:
-        write_atomic(self.dir / "model.json", json.dumps(info, indent=1, default=str))
+        write_atomic(self.model_info_path, json.dumps(info, indent=1, default=str))
+
+    @property
+    def model_info_path(self) -> Path:
+        return self.dir / "model.json"
+
+    def read_model_info(self) -> dict[str, Any] | None:
+        """The settings of the model's last successful register (None: none recorded, or unreadable)."""
+        try:
+            info = json.loads(self.model_info_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
 
     # checkpoints -----------------------------------------------------------------------------------
     def checkpoint_path(self, step: int) -> Path:

@@ -34,7 +34,7 @@ from transformers import AddedToken, PreTrainedTokenizerBase
 
 from .grpo import group_advantages
 from .metric_names import std_of
-from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_rewards, choice_to_message
+from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_trajectories, choice_to_message
 
 NAN = float("nan")
 _PLACEHOLDER = "<|artnb_turn_{}|>"
@@ -335,7 +335,7 @@ def _validate(
                 f"group {gi} has {n} trajector{'y' if n == 1 else 'ies'}; GRPO needs >= 2 to compare. "
                 "Run several rollouts of the same scenario per group; nothing was trained"
             )
-    check_rewards(groups)
+    check_trajectories(groups)
     for gi, group in enumerate(groups):
         for ti, t in enumerate(group.trajectories):
             for hi, history in enumerate(t.histories()):

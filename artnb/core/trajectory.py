@@ -8,7 +8,6 @@ coroutines returns an awaitable that runs them and keeps failures in `group.exce
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import json
 import math
@@ -23,6 +22,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .ignored import report_ignored
+from .names import nearest
 
 Message = dict[str, Any]
 MessageOrChoice = Message | Choice
@@ -75,7 +75,7 @@ def check_keywords(model: type[BaseModel], given: Iterable[str]) -> None:
     for key in given:
         if key in known:
             continue
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+        close = nearest(key, known, cutoff=0.75)
         if close:
             raise TypeError(f"{kind} has no field {key!r} (got {key}=...); did you mean {close[0]}=?")
         report_ignored(
@@ -413,9 +413,6 @@ def check_trajectories(
         for t in group.trajectories:
             t.reward = float(t.reward)
             _plain_numbers(t.metrics)
-
-
-check_rewards = check_trajectories  # the name tokenize.py and earlier callers use
 
 
 def _plain_numbers(metrics: dict[str, Any]) -> None:

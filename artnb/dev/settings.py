@@ -23,10 +23,10 @@ from ..core.config import (
     TrainerConfig,
     art_lora_fields,
     check_internal_config,
-    close_art_keys,
     unknown_art_key,
 )
 from ..core.ignored import report_ignored
+from ..core.names import nearest
 
 if TYPE_CHECKING:
     from ..backends.gpu_presets import GPUPreset
@@ -247,9 +247,7 @@ def _known_key(section: str, key: str, known: Iterable[str], honoured: Iterable[
     report as ignored. For the sections whose keys ART lists in full (the top level, init_args)."""
     if key in known:
         return True
-    if close_art_keys(
-        key, known, cutoff=0.8
-    ):  # (load_in_fp8, a real Unsloth option, is 0.78 from load_in_8bit)
+    if nearest(key, known, cutoff=0.8):  # (load_in_fp8, a real Unsloth option, is 0.78 from load_in_8bit)
         raise unknown_art_key(f"_internal_config.{section}".rstrip("."), key, known, honoured)
     return False
 
@@ -258,7 +256,7 @@ def _did_you_mean(key: str, honoured: Iterable[str]) -> str:
     """For engine_args and trainer_args, which go on to vLLM and TRL in ART and take their many options: a key
     near one artnb uses may be a typo, or an option of its own (gradient_checkpointing_kwargs), so it is said,
     not refused."""
-    close = close_art_keys(key, honoured, cutoff=0.75)
+    close = nearest(key, honoured, cutoff=0.75)
     return f" (if you meant {' or '.join(map(repr, close))}, fix the spelling)" if close else ""
 
 

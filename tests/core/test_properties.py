@@ -24,7 +24,7 @@ from artnb.core.grpo import LossSettings, group_advantages, policy_loss
 from artnb.core.ruler import _parse, _Unusable
 from artnb.core.store import _rollout_frame, read_rollouts
 from artnb.core.tokenize import tokenize_trajectory
-from artnb.core.trajectory import MAX_ABS_REWARD, Trajectory, TrajectoryGroup, check_rewards
+from artnb.core.trajectory import MAX_ABS_REWARD, Trajectory, TrajectoryGroup, check_trajectories
 from artnb.utils.iterate_dataset import iterate_dataset
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -59,15 +59,15 @@ def test_advantages_are_finite_centred_and_keep_the_order(rewards, scale):
 
 @FAST
 @given(any_float)
-def test_check_rewards_accepts_exactly_the_finite_comparable_rewards(reward):
+def test_check_trajectories_accepts_exactly_the_finite_comparable_rewards(reward):
     group = TrajectoryGroup([Trajectory(reward=0.0), Trajectory(reward=0.0)])
     group.trajectories[1].reward = reward
     comparable = math.isfinite(reward) and abs(reward) <= MAX_ABS_REWARD
     if comparable:
-        check_rewards([group])
+        check_trajectories([group])
     else:
         with pytest.raises(ValueError, match="group 0, trajectory 1 has reward"):
-            check_rewards([group])
+            check_trajectories([group])
 
 
 @FAST

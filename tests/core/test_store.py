@@ -160,11 +160,11 @@ def test_state_merge(tmp_path):
 
 
 def test_nan_reward_is_named():
-    from artnb.core.trajectory import check_rewards
+    from artnb.core.trajectory import check_trajectories
 
     g = art.TrajectoryGroup([art.Trajectory(reward=1.0), art.Trajectory(reward=float("nan"))])
     with pytest.raises(ValueError, match="group 0, trajectory 1 has reward nan"):
-        check_rewards([g])
+        check_trajectories([g])
 
 
 def test_model_without_endpoint_says_what_to_do():
