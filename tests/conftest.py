@@ -1,7 +1,10 @@
 """Fixtures shared across test folders. The JupyterLab/Playwright helpers themselves are in tests/browser.py."""
 
+from collections.abc import Iterator
+
 import pytest
 from browser import start_lab
+from hosted import ScriptedModel
 
 
 @pytest.fixture
@@ -9,6 +12,20 @@ def lab(tmp_path):
     """A JupyterLab server on 127.0.0.1 with a token, its config and state kept in tmp_path (see browser.py)."""
     with start_lab(tmp_path) as server:
         yield server
+
+
+@pytest.fixture
+def scripted() -> Iterator[type[ScriptedModel]]:
+    """Make hosted models (`scripted(replies)`, see hosted.py); each server stops after the test."""
+    made: list[ScriptedModel] = []
+
+    def make(replies: list[str | int]) -> ScriptedModel:
+        made.append(ScriptedModel(replies))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for server in made:
+        server.close()
 
 
 @pytest.fixture(autouse=True)

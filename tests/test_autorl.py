@@ -4,9 +4,6 @@ dedupe, the rollout and the base-vs-trained evaluation judged by RULER."""
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
 import pytest
@@ -25,69 +22,6 @@ async def served(tmp_path_factory):
     """A TrainableModel on the tiny random model, served by LocalBackend's HF engine (a few seconds)."""
     async with tiny_model_served(tmp_path_factory.mktemp("art"), "autorl") as model:
         yield model
-
-
-class ScriptedModel:
-    """A hosted chat model played by a real HTTP server on 127.0.0.1: it answers request i with replies[i]
-    (the last one again when the script runs out) and keeps every request body."""
-
-    def __init__(self, replies: list[str | int]) -> None:
-        self.replies, self.requests = replies, []
-        script = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                script.requests.append(body)
-                content = script.replies[min(len(script.requests), len(script.replies)) - 1]
-                if isinstance(content, int):  # an HTTP error, as a provider sends it
-                    status, reply = content, {"error": {"message": "Incorrect API key provided"}}
-                else:
-                    status, reply = 200, completion(content, body["model"], len(script.requests))
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.params = {"api_base": f"http://127.0.0.1:{self.server.server_port}/v1", "api_key": "test-key"}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def scripted() -> Iterator[type[ScriptedModel]]:
-    made: list[ScriptedModel] = []
-
-    def make(replies: list[str | int]) -> ScriptedModel:
-        made.append(ScriptedModel(replies))
-        return made[-1]
-
-    yield make  # type: ignore[misc]
-    for server in made:
-        server.close()
-
-
-def completion(content: str, model: str, number: int) -> dict:
-    """An OpenAI chat.completion body with `content` as the assistant's reply."""
-    return {
-        "id": f"chatcmpl-{number}",
-        "object": "chat.completion",
-        "created": 0,
-        "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70},
-    }
 
 
 def batch(*tasks: str) -> str:

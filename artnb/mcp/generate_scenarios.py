@@ -5,7 +5,12 @@ This is AutoRL's generator (artnb/autorl.py: batched requests, deduplication, JS
 artnb's engines) given a task description made from the tools; ART's call shape (`generate_scenarios(tools,
 num_scenarios=..., generator_model=...)`) is kept. Unlike ART, the generator may be an `art.Model`, e.g.
 `model.as_base_model()`, so scenarios can be made offline with the model you train; and a hosted generator
-without its key is an error before any request, naming both ways out.
+without its key is an error before any request, naming the ways out.
+
+Where a hosted generator is asked follows ART: `generator_model` is a model id at an OpenAI-compatible endpoint,
+`generator_base_url`, which is OpenRouter when left out and a key for it is at hand (`generator_api_key` or
+OPENROUTER_API_KEY), as in ART's MCP·RL notebook. With no such key, the model string is litellm's (its provider's
+key from the environment, e.g. OPENAI_API_KEY for `openai/...`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ..core.model import Model
 from .types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
 
 ART_DEFAULT_GENERATOR = "openai/gpt-4.1-mini"
+OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 
 
 def describe_server(
@@ -48,14 +54,14 @@ async def generate_scenarios(
     custom_instructions: str | None = None,
     generator_model: str | Model = ART_DEFAULT_GENERATOR,
     generator_api_key: str | None = None,
-    generator_base_url: str = "",
+    generator_base_url: str | None = None,
     **options: Any,
 ) -> GeneratedScenarioCollection:
     """`num_scenarios` distinct tasks for an agent of the server whose `tools` (and `resources`) are given.
 
-    generator_model: a litellm model string (its key from `generator_api_key` or the environment) or an
-        `art.Model` (offline: `model.as_base_model()`). `options` go to `art.autorl.generate_scenarios`
-        (batch_size, concurrency, seed, examples, max_task_chars, allow_fewer...).
+    generator_model: a hosted model (see the module docstring for where it is asked) or an `art.Model`
+        (offline: `model.as_base_model()`). `options` go to `art.autorl.generate_scenarios` (batch_size,
+        concurrency, seed, examples, max_task_chars, allow_fewer...).
     """
     from ..autorl import generate_scenarios as generate
 
@@ -67,19 +73,8 @@ async def generate_scenarios(
         )
     extra = dict(options.pop("extra_litellm_params", None) or {})
     if isinstance(generator_model, str):
-        if generator_api_key:
-            extra["api_key"] = generator_api_key
-        if generator_base_url:
-            extra["api_base"] = generator_base_url
-        if (
-            generator_model == ART_DEFAULT_GENERATOR
-            and "api_key" not in extra
-            and not os.environ.get("OPENAI_API_KEY")
-        ):
-            raise ValueError(
-                f"generator_model={ART_DEFAULT_GENERATOR!r} needs OPENAI_API_KEY (or generator_api_key=...); "
-                "to generate offline pass generator_model=model.as_base_model()"
-            )
+        generator_model, endpoint = hosted_generator(generator_model, generator_api_key, generator_base_url)
+        extra = {**endpoint, **extra}
     made = await generate(
         describe_server(tool_list, resource_list, custom_instructions),
         num_scenarios,
@@ -94,6 +89,22 @@ async def generate_scenarios(
         print(made.summary())
         collection.preview()
     return collection
+
+
+def hosted_generator(model: str, api_key: str | None, base_url: str | None) -> tuple[str, dict[str, str]]:
+    """The litellm model string and endpoint settings that ask `model` where ART would (module docstring)."""
+    key = api_key or os.environ.get("OPENROUTER_API_KEY")
+    if base_url or key:
+        # litellm's `openai/` prefix: an OpenAI-compatible server at api_base, sent the model id unchanged
+        endpoint = {"api_base": base_url or OPENROUTER_BASE_URL}
+        return f"openai/{model}", {**endpoint, **({"api_key": key} if key else {})}
+    if model == ART_DEFAULT_GENERATOR and not os.environ.get("OPENAI_API_KEY"):
+        raise ValueError(
+            f"generator_model={model!r} needs a key: generator_api_key=... or OPENROUTER_API_KEY (asked at "
+            f"OpenRouter, as in ART), or OPENAI_API_KEY (asked at OpenAI); to generate offline pass "
+            "generator_model=model.as_base_model()"
+        )
+    return model, {}
 
 
 def preview_scenarios(scenarios: Iterable[GeneratedScenario | dict[str, Any]], n: int = 5) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ from served import served_model
 
 import artnb as art
 from artnb import models
+from artnb.mcp.generate_scenarios import OPENROUTER_BASE_URL, hosted_generator
 
 NOTES = "artnb.mcp.notes_server"
 SEARCH = {
@@ -105,7 +107,9 @@ async def test_a_server_that_dies_ends_its_trajectory_and_the_gather_goes_on(pol
     assert "server_died" not in lived.metrics and lived.metrics["tool_calls"] >= 1
 
 
-async def test_scenarios_from_the_tool_list_offline(policy, tmp_path):
+async def test_scenarios_from_the_tool_list_offline(policy, tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     tools = await art.mcp.list_tools(*server(tmp_path))
     assert "search_notes(query)" in art.mcp.describe_server(tools)
     scenarios = await art.mcp.generate_scenarios(
@@ -114,9 +118,45 @@ async def test_scenarios_from_the_tool_list_offline(policy, tmp_path):
     assert len(scenarios) == 3 and all(1 <= s.difficulty <= 5 and 8 <= len(s.task) <= 80 for s in scenarios)
     train, held_out = scenarios.split(2)
     assert (len(train), len(held_out)) == (2, 1)
-    with pytest.raises(ValueError, match="as_base_model"):
-        os.environ.pop("OPENAI_API_KEY", None)
+    with pytest.raises(ValueError, match="OPENROUTER_API_KEY.*as_base_model"):
         await art.mcp.generate_scenarios(tools, num_scenarios=2)
     with pytest.raises(ValueError, match="list the server's tools"):
         await art.mcp.generate_scenarios([], num_scenarios=2)
     assert sys.executable == art.mcp.python_server(NOTES)[0]
+
+
+async def test_a_hosted_generator_is_asked_where_art_asks_it(scripted, monkeypatch):
+    """ART's MCP·RL notebook passes an OpenRouter key and an OpenRouter model id, and leaves the endpoint to
+    the default: the request must reach that endpoint with the id unchanged and the key."""
+    tasks = [
+        "Find my note about the dentist.",
+        "List every note tagged work.",
+        "Summarise last week's notes.",
+    ]
+    hosted = scripted([json.dumps({"scenarios": [{"task": t, "difficulty": 2} for t in tasks]})])
+    tool = {
+        "name": "search_notes",
+        "description": "search notes",
+        "parameters": {"properties": {"query": {}}},
+    }
+    scenarios = await art.mcp.generate_scenarios(
+        [tool],
+        num_scenarios=3,
+        generator_model="openai/o4-mini",
+        generator_api_key="sk-or-test",
+        generator_base_url=hosted.base_url,
+        show_preview=False,
+    )
+    assert [s.task for s in scenarios] == tasks
+    assert hosted.requests[0]["model"] == "openai/o4-mini"
+    assert hosted.headers[0]["authorization"] == "Bearer sk-or-test"
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-env")
+    model, endpoint = hosted_generator("openai/o4-mini", None, None)
+    assert (model, endpoint) == (
+        "openai/openai/o4-mini",
+        {"api_base": OPENROUTER_BASE_URL, "api_key": "sk-or-env"},
+    )
+    monkeypatch.delenv("OPENROUTER_API_KEY")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")  # no OpenRouter key: litellm's own routing, as before
+    assert hosted_generator("openai/gpt-4.1-mini", None, None) == ("openai/gpt-4.1-mini", {})
