@@ -1,8 +1,9 @@
-"""The one parameter cell of every tutorial notebook, as a dataclass with defaults that run on a laptop CPU.
+"""One settings object for a script that runs in three places, as a dataclass with defaults that run on a laptop CPU.
 
-A tutorial runs in three places: this CPU (quick mode, the embedded 135M model; CI executes it), a Colab GPU
-(a real model such as Qwen2.5-3B-Instruct, `quick=False`), and Binder (about 2 GB of RAM). Everything those
-places change lives here, so a notebook changes one cell and its other cells read:
+A training script runs in three places: this CPU (quick mode, the embedded 135M model), a Colab GPU (a real model
+such as Qwen2.5-3B-Instruct, `quick=False`), and Binder (about 2 GB of RAM). Everything those places change lives
+here, so a script changes one line and the rest reads (the tutorial notebooks once did this; they now set their
+own parameter cell, so that a reader sees every setting):
 
     settings = art.tutorial.Settings(base_model=art.models.DEFAULT, quick=True)
     backend = settings.backend()
@@ -10,7 +11,7 @@ places change lives here, so a notebook changes one cell and its other cells rea
     await model.train(groups, config=settings.train_config())
 
 Binder's start script sets `ARTNB_LOW_MEMORY=1`: the HF engine (vLLM does not fit), gradient checkpointing and
-small micro-batches; the notebooks then replay recorded trajectories where training would not fit.
+small micro-batches.
 
 On a GPU the settings pick the card's preset for the base model (`gpu`, from backends/gpu_presets.py: vLLM's
 memory share, context length, 4-bit or 16-bit trainer weights, micro-batch size); the backend and the TrainConfig
