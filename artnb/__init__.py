@@ -67,6 +67,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("DEFAULT_RUBRIC", "ruler", "ruler_score_group"), "core.ruler"),
     "TrainSFTConfig": "core.sft",
     "LinearTemperatureAnnealer": "core.temperature",
+    **dict.fromkeys(("PipelineAutotuneConfig", "PipelineRuntimeConfig"), "core.pipeline_config"),
+    "MetricDefinition": "metrics",
     "RunInUseError": "core.store",
     **dict.fromkeys(
         ("History", "Messages", "MessagesAndChoices", "Tools", "Trajectory", "TrajectoryGroup"),
@@ -80,7 +82,12 @@ _BEYOND: dict[str, str] = {
     "SkyPilotBackend": "backends.skypilot",
     "ServerlessBackend": "serverless",
 }
-_ALIASES = {"LocalTrainResult": "TrainResult"}  # ART's name for what LocalBackend.train returns
+_ALIASES = {
+    "LocalTrainResult": "TrainResult",  # ART's name for what LocalBackend.train returns
+    "ServerlessTrainResult": "TrainResult",  # artnb's ServerlessBackend trains here: a TrainResult too
+    # ART: its managed local inference became unreachable; here the engine process exited (it restarts)
+    "LocalServingUnavailableError": "EngineDiedError",
+}
 # Submodules a user reaches as attributes: artnb's own and ART's module paths (`art.utils`, `art.rewards`...).
 _MODULES = (
     "dev", "explain", "models", "tutorial", "widgets", "utils", "rewards", "local", "serverless", "skypilot", "types",

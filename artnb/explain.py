@@ -4,13 +4,14 @@ Tutorials teach the algorithm on the reader's own rollouts, so these read the sa
 (`core.grpo.group_advantages`, `core.tokenize.tokenize_trajectory`) rather than restating it:
 
     art.explain.advantages(groups[0])                        # reward, advantage, trained? per trajectory
-    art.explain.trained_tokens(backend.tokenizer_of(model), groups[0].trajectories[0])
+    art.explain.trained_tokens(model, groups[0].trajectories[0])     # as the trainer tokenises it
 """
 
 from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -77,12 +78,22 @@ class TrainedTokens:
         return f"TrainedTokens({self.summary()})"
 
 
-def trained_tokens(tokenizer: Any, trajectory: Trajectory, history: int = 0) -> TrainedTokens:
+def trained_tokens(
+    tokenizer: Any,
+    trajectory: Trajectory,
+    history: int = 0,
+    *,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> TrainedTokens:
     """The tokens of one trajectory (or of its `history`-th history) with the trained ones marked.
 
-    `tokenizer`: `backend.tokenizer_of(model)` for a registered model, or any HF tokenizer of the base model.
+    `tokenizer`: a model registered on a LocalBackend, whose trainer's tokenizer and chat template variables
+    (`_internal_config["chat_template_kwargs"]`) are used, so the rendering is the trainer's; or any HF tokenizer
+    of the base model (`backend.tokenizer_of(model)` has the model's chat template), with `template_kwargs` the
+    template's variables (they override the model's).
     """
-    sequences = tokenize_trajectory(tokenizer, trajectory, advantage=1.0)
+    tokenizer, template_kwargs = _renderer(tokenizer, template_kwargs)
+    sequences = tokenize_trajectory(tokenizer, trajectory, advantage=1.0, template_kwargs=template_kwargs)
     if not 0 <= history < len(sequences):
         raise IndexError(f"history={history}: this trajectory has {len(sequences)} (0 is its main messages)")
     seq = sequences[history]
@@ -96,3 +107,20 @@ def trained_tokens(tokenizer: Any, trajectory: Trajectory, history: int = 0) -> 
             }
         )
     )
+
+
+def _renderer(source: Any, template_kwargs: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """The tokenizer and template variables the trainer renders with: a registered model's own (its backend's
+    slot), or the tokenizer given with `template_kwargs`."""
+    from .core.model import TrainableModel
+
+    if not isinstance(source, TrainableModel):
+        return source, dict(template_kwargs or {})
+    served_model = getattr(source.backend(), "served_model", None)
+    if served_model is None:
+        raise TypeError(
+            f"model {source.name!r} is registered on a {type(source.backend()).__name__}, which keeps no "
+            "tokenizer here: pass a tokenizer of its base model (and template_kwargs) instead"
+        )
+    served = served_model(source, required=True)
+    return served.tokenizer, {**served.settings.chat_template_kwargs, **(template_kwargs or {})}

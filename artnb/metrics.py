@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
 
 from .core import costs
 from .core.metrics_builder import MetricsBuilder
@@ -51,4 +53,19 @@ def track_api_cost(
     return decorate
 
 
-__all__ = ["MetricsBuilder", "track_api_cost"]
+class MetricDefinition(BaseModel):
+    """ART's description of one history metric, for dashboards: its key, a title and a sentence, its kind, unit
+    and direction. artnb's own metrics are described by `artnb.core.metric_names.describe(key)`; this type is
+    for code that lists metrics the way ART's pipeline trainer does."""
+
+    key: str
+    title: str
+    description: str
+    kind: Literal["counter", "duration", "gauge", "rate", "ratio", "score"]
+    unit: str | None = None
+    higher_is_better: bool | None = None
+    dashboard_default: bool = False
+    score_component: bool = False
+
+
+__all__ = ["MetricDefinition", "MetricsBuilder", "track_api_cost"]

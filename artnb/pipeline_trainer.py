@@ -29,15 +29,17 @@ every one before an offset, and the few after it). A restart skips those and rol
 that was in flight or waiting is redone, never lost, and none is trained twice. Had the process died between a
 commit and that record, one batch's scenarios are trained again (a warning says so).
 
-Differences from ART: `max_steps` counts steps from where `train()` starts, as ART; checkpoints are kept every
-step (`save_checkpoint`, `checkpoint_retention_strategy` are accepted, reported as ignored; use
-`model.delete_checkpoints()`); status lines are a progress bar; a rollout that raises is counted and warned about,
-and a long run of failures with no group finished stops the trainer with the last error.
+Differences from ART: `max_steps` counts steps from where `train()` starts, as ART; every step writes a checkpoint
+(`save_checkpoint=False` is reported as ignored), and `checkpoint_retention_strategy` (e.g. `keep_recent_and_top()`)
+deletes old ones on a LocalBackend; there is no autotuner (`autotune=` is reported); status lines are a progress
+bar; a rollout that raises is counted and warned about, and a long run of failures with no group finished stops the
+trainer with the last error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import sys
 import threading
@@ -52,6 +54,13 @@ from .core import metric_names as names
 from .core.config import TrainConfig, resolve_train_config
 from .core.ignored import report_ignored, warn_user
 from .core.model import NothingToTrainError, TrainableModel
+from .core.pipeline_config import PipelineAutotuneConfig, PipelineRuntimeConfig, resolve_pipeline
+from .core.retention import (
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    CheckpointRetentionStrategy,
+    keep_recent_and_top,
+)
 from .core.trajectory import Trajectory, TrajectoryGroup
 
 RolloutFn = Callable[[TrainableModel, Any, Any], Awaitable[TrajectoryGroup]]
@@ -103,49 +112,79 @@ class PipelineTrainer:
         config: Any = None,
         eval_fn: EvalFn | None = None,
         *,
-        num_rollout_workers: int = 16,
-        min_batch_size: int = 4,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
         max_batch_size: int | None = None,
-        max_steps_off_policy: int = 4,
+        max_steps_off_policy: int | None = 4,
         queue_maxsize: int | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
+        autotune: PipelineAutotuneConfig | None = None,
         learning_rate: float | None = None,
         loss_fn: str | None = None,
         loss_fn_config: dict | None = None,
         normalize_advantages: bool = True,
+        grad_accumulation_sequences: int | None = None,
         adam_params: Any = None,
+        kl_penalty_coef: float = 0.0,
+        kl_penalty_step_lag: int | None = None,
         packed_sequence_length: int | None = None,
         max_steps: int | None = None,
         discard_queue_multiplier: int = 100,
+        limit_mean_steps_off_policy: float | None = None,
+        score_reference_groups_per_step: float | None = None,
+        score_reference_rollouts_per_group: float | None = None,
         log_interval_seconds: float = 60.0,
         status_ewa_alpha: float = 0.2,
         total_scenarios: int | None = None,
         eval_every_n_steps: int = 20,
         eval_at_start: bool = True,
         save_checkpoint: bool = True,
-        checkpoint_retention_strategy: Any = None,
+        optimizer_save_interval: int = 5,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
+        rollout_executor: Any = None,
         train_config: TrainConfig | None = None,
         plots: Sequence[Any] = (),
     ) -> None:
         """`learning_rate` and `loss_fn` default to ART's (1e-5, "cispo") unless `train_config` (artnb's
-        TrainConfig for every step) sets them; ART's other training keywords mean what they mean in
-        `backend.train`. `config` is yours, passed to `rollout_fn` and `eval_fn`. `plots`: widgets refreshed
-        after every step, e.g. `[art.widgets.RewardPlot(model), art.widgets.OffPolicyPlot(model)]`."""
-        max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
+        TrainConfig for every step) sets them; ART's other training keywords (`kl_penalty_coef`,
+        `grad_accumulation_sequences`, `optimizer_save_interval`...) mean what they mean in `backend.train`.
+        `pipeline=PipelineRuntimeConfig(...)` holds the worker and batch settings (ART 0.5.23's spelling; the
+        keywords `num_rollout_workers`, `min_batch_size`, `max_batch_size`, `queue_maxsize` still work, not both).
+        `limit_mean_steps_off_policy`: also drop a group whose trajectories' mean lag exceeds it (with
+        `max_steps_off_policy=None` it alone bounds the lag). `checkpoint_retention_strategy` (e.g.
+        `keep_recent_and_top()`), every `checkpoint_retention_interval` steps, deletes the checkpoints it does
+        not keep, never the newest nor one that rollouts in flight may have come from. `config` is yours, passed to
+        `rollout_fn` and `eval_fn`. `plots`: widgets refreshed after every step, e.g.
+        `[art.widgets.RewardPlot(model), art.widgets.OffPolicyPlot(model)]`."""
+        runtime = resolve_pipeline(
+            pipeline,
+            autotune,
+            dict(
+                num_rollout_workers=num_rollout_workers,
+                min_batch_size=min_batch_size,
+                max_batch_size=max_batch_size,
+                queue_maxsize=queue_maxsize,
+            ),
+            dict(
+                score_reference_groups_per_step=score_reference_groups_per_step,
+                score_reference_rollouts_per_group=score_reference_rollouts_per_group,
+            ),
+        )
         checks = {
-            "num_rollout_workers": num_rollout_workers >= 1,
-            "min_batch_size": min_batch_size >= 1,
-            "max_batch_size": max_batch_size >= min_batch_size,
-            "max_steps_off_policy": max_steps_off_policy >= 0,
+            "max_steps_off_policy": max_steps_off_policy is None or max_steps_off_policy >= 0,
+            "limit_mean_steps_off_policy": limit_mean_steps_off_policy is None
+            or limit_mean_steps_off_policy >= 0,
             "max_steps": max_steps is None or max_steps >= 1,
             "eval_every_n_steps": eval_every_n_steps >= 1,
-            "queue_maxsize": queue_maxsize is None or queue_maxsize >= 1,
+            "checkpoint_retention_interval": checkpoint_retention_interval >= 1,
+            "kl_penalty_step_lag": kl_penalty_step_lag is None or kl_penalty_step_lag >= 1,
         }
         if bad := [name for name, ok in checks.items() if not ok]:
             raise ValueError(
-                f"PipelineTrainer: invalid {', '.join(bad)} (workers, batch sizes and eval interval are >= 1, "
-                "max_batch_size >= min_batch_size, max_steps_off_policy >= 0, max_steps None or >= 1)"
+                f"PipelineTrainer: invalid {', '.join(bad)} (the off-policy limits are None or >= 0, max_steps "
+                "None or >= 1, the intervals >= 1, kl_penalty_step_lag None or >= 1)"
             )
         if not callable(rollout_fn):
             raise TypeError(
@@ -153,35 +192,36 @@ class PipelineTrainer:
             )
         self.model, self.backend, self.rollout_fn, self.eval_fn = model, backend, rollout_fn, eval_fn
         self.scenarios, self.config = scenarios, config
-        self.num_rollout_workers = num_rollout_workers
-        self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
+        self.pipeline = runtime
+        self.num_rollout_workers = runtime.num_rollout_workers
+        self.min_batch_size, self.max_batch_size = runtime.min_batch_size, runtime.batch_limit
         self.max_steps_off_policy = max_steps_off_policy
-        self.queue_maxsize = queue_maxsize
+        self.limit_mean_steps_off_policy = limit_mean_steps_off_policy
+        self.queue_maxsize = runtime.queue_maxsize
         self.max_steps = max_steps
         self.eval_every_n_steps, self.eval_at_start = eval_every_n_steps, eval_at_start
         self.resume = resume
-        # ART's status-line and retention knobs (discard_queue_multiplier, log_interval_seconds,
-        # status_ewa_alpha, total_scenarios, checkpoint_retention_interval): a progress bar and kept checkpoints
-        # replace them here
+        # ART's status-line knobs (discard_queue_multiplier, log_interval_seconds, status_ewa_alpha,
+        # total_scenarios): a progress bar replaces them here
         options: dict[str, Any] = {
             "normalize_advantages": normalize_advantages,
             "loss_fn_config": loss_fn_config,
             "adam_params": adam_params,
             "packed_sequence_length": packed_sequence_length,
+            "grad_accumulation_sequences": grad_accumulation_sequences,
+            "optimizer_save_interval": optimizer_save_interval,
         }
+        if kl_penalty_coef:
+            options["kl_penalty_coef"] = kl_penalty_coef
         given = train_config.model_fields_set if train_config is not None else set()
         if learning_rate is not None or "learning_rate" not in given:
             options["learning_rate"] = learning_rate if learning_rate is not None else 1e-5
         if loss_fn is not None or "loss_fn" not in given:
             options["loss_fn"] = loss_fn or "cispo"
         self.train_config = resolve_train_config(train_config, options)
-        if not save_checkpoint:
-            report_ignored("PipelineTrainer(save_checkpoint=False)", "every step is a checkpoint (a commit)")
-        if checkpoint_retention_strategy is not None:
-            report_ignored(
-                "PipelineTrainer(checkpoint_retention_strategy=...)",
-                "checkpoints are kept; `await model.delete_checkpoints()` keeps the latest and the best",
-            )
+        self.checkpoint_retention_strategy = _retention_on(backend, checkpoint_retention_strategy)
+        self.checkpoint_retention_interval = checkpoint_retention_interval
+        _report_ignored_keywords(save_checkpoint, kl_penalty_step_lag, rollout_executor)
         self.plots = list(plots)
         self._stop_requested = False
         self._running = False
@@ -236,6 +276,7 @@ class _Run:
         self.step_started = time.monotonic()
         self.stale_this_step = 0
         self.evals: list[asyncio.Task] = []
+        self.evaluating: set[int] = set()  # steps whose evaluation runs: their checkpoints are kept
         self.bar = tqdm(total=owner.max_steps, desc="pipeline", unit="step")
         self._iter = _scenario_iterator(owner.scenarios)
 
@@ -245,7 +286,7 @@ class _Run:
         step = await model.get_step()
         offset, done = 0, set()
         if owner.resume:
-            state = (await asyncio.to_thread(model.read_state)).get(STATE_KEY) or {}
+            state = ((await asyncio.to_thread(model.read_state)) or {}).get(STATE_KEY) or {}
             offset = int(state.get("scenario_offset", 0))
             done = {int(i) for i in state.get("finished_after_offset", [])}
             if state and int(state.get("step", step)) != step:
@@ -292,7 +333,35 @@ class _Run:
 
     def _may_start(self) -> bool:
         queue_room = self.owner.queue_maxsize is None or len(self.ready) < self.owner.queue_maxsize
-        return queue_room and self._lag_if_started_now() <= self.owner.max_steps_off_policy
+        bound = self._start_bound()
+        return queue_room and (bound is None or self._lag_if_started_now() <= bound)
+
+    def _start_bound(self) -> int | None:
+        """The lag a rollout started now may reach: max_steps_off_policy, else the mean limit rounded up (a
+        group's mean lag cannot stay within it if its first rollout is further behind), else none."""
+        owner = self.owner
+        if owner.max_steps_off_policy is not None:
+            return owner.max_steps_off_policy
+        limit = owner.limit_mean_steps_off_policy
+        return None if limit is None else math.ceil(limit)
+
+    def _too_stale(self, finished: _Finished) -> bool:
+        """Whether a group is past either bound when trained now: its oldest rollout for max_steps_off_policy,
+        the mean lag of its trajectories for limit_mean_steps_off_policy."""
+        owner = self.owner
+        if (
+            owner.max_steps_off_policy is not None
+            and finished.version < self.version - owner.max_steps_off_policy
+        ):
+            return True
+        if owner.limit_mean_steps_off_policy is None:
+            return False
+        lags = [
+            self.version
+            - (t.initial_policy_version if t.initial_policy_version is not None else finished.version)
+            for t in finished.group.trajectories
+        ]
+        return sum(lags) / len(lags) > owner.limit_mean_steps_off_policy
 
     async def _next_scenario(self) -> tuple[int, Any] | None:
         while True:
@@ -439,6 +508,21 @@ class _Run:
                     warn_user(f"artnb: PipelineTrainer could not refresh {type(plot).__name__}: {error}")
             if owner.eval_fn is not None and result.step % owner.eval_every_n_steps == 0:
                 self.evals.append(asyncio.ensure_future(self._evaluate(owner.eval_fn, result.step)))
+            if owner.checkpoint_retention_strategy and result.step % owner.checkpoint_retention_interval == 0:
+                await self._retain_checkpoints(owner.checkpoint_retention_strategy, result.step)
+
+    async def _retain_checkpoints(self, strategy: CheckpointRetentionStrategy, step: int) -> None:
+        """Apply the retention strategy, offering no checkpoint that a rollout still queued or running may have
+        been sampled from, nor one being evaluated; a failure is warned about, training goes on."""
+        window = self._start_bound()
+        oldest_in_use = min([f.version for f in self.ready] + [step - (window or 0)])
+        protected = set(range(max(0, oldest_in_use), step + 1)) | self.evaluating
+        if window is None:
+            protected |= set(range(0, step + 1))  # unbounded lag: any step may still be in use
+        try:
+            await self.owner.backend._retain_checkpoints(self.model, strategy, step, protected)
+        except Exception as error:
+            warn_user(f"artnb: PipelineTrainer: checkpoint retention at step {step} failed ({error})")
 
     async def _take_batch(self) -> list[_Finished] | None:
         """The next batch (None: nothing more will come; []: every group taken was stale)."""
@@ -458,13 +542,12 @@ class _Run:
                 await self.cond.wait()
             self.ready.sort(key=lambda f: (f.version, f.index))  # the stalest first, before they go stale
             batch, self.ready = self.ready[: owner.max_batch_size], self.ready[owner.max_batch_size :]
-            oldest_allowed = self.version - owner.max_steps_off_policy
-            stale = [f for f in batch if f.version < oldest_allowed]
+            stale = [f for f in batch if self._too_stale(f)]
             for f in stale:
                 self._finish(f.index)
             self.stale_this_step += len(stale)
             self.summary.stale_groups_discarded += len(stale)
-            batch = [f for f in batch if f.version >= oldest_allowed]
+            batch = [f for f in batch if f not in stale]
             self.training = bool(batch)
             self.cond.notify_all()
             return batch
@@ -493,6 +576,7 @@ class _Run:
     async def _evaluate(self, eval_fn: EvalFn, step: int) -> None:
         owner = self.owner
         started = time.monotonic()
+        self.evaluating.add(step)
         try:
             with self.model.activate_metrics_context("eval"):
                 out = await eval_fn(self.model, step, owner.config)
@@ -507,6 +591,38 @@ class _Run:
             warn_user(
                 f"artnb: PipelineTrainer: evaluation at step {step} failed ({type(error).__name__}: {error})"
             )
+        finally:
+            self.evaluating.discard(step)
+
+
+def _retention_on(
+    backend: Any, strategy: CheckpointRetentionStrategy | None
+) -> CheckpointRetentionStrategy | None:
+    """`strategy` if `backend` can delete checkpoints for it (LocalBackend); else None, reported."""
+    if strategy is None or hasattr(backend, "_retain_checkpoints"):
+        return strategy
+    report_ignored(
+        "PipelineTrainer(checkpoint_retention_strategy=...)",
+        f"{type(backend).__name__} cannot delete chosen checkpoints; `await model.delete_checkpoints()` keeps the "
+        "latest and the best",
+    )
+    return None
+
+
+def _report_ignored_keywords(save_checkpoint: bool, kl_penalty_step_lag: int | None, executor: Any) -> None:
+    """ART's PipelineTrainer keywords that change nothing here, each reported once when it asks for something."""
+    if not save_checkpoint:
+        report_ignored("PipelineTrainer(save_checkpoint=False)", "every step is a checkpoint (a commit)")
+    if kl_penalty_step_lag is not None:
+        report_ignored(
+            "PipelineTrainer(kl_penalty_step_lag=...)",
+            "the KL reference is always the base model (the adapter switched off), never an earlier step",
+        )
+    if executor is not None:
+        report_ignored(
+            "PipelineTrainer(rollout_executor=...)",
+            "rollouts run as asyncio tasks in this process, num_rollout_workers of them at once",
+        )
 
 
 def _no_trajectories(group: TrajectoryGroup) -> Exception:
@@ -540,4 +656,14 @@ def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: Callable[[],
     return installed
 
 
-__all__ = ["PipelineSummary", "PipelineTrainer", "make_group_rollout_fn"]
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointRetentionContext",
+    "CheckpointRetentionStrategy",
+    "PipelineAutotuneConfig",
+    "PipelineRuntimeConfig",
+    "PipelineSummary",
+    "PipelineTrainer",
+    "keep_recent_and_top",
+    "make_group_rollout_fn",
+]

@@ -6,13 +6,23 @@ kill -9 mid-run loses nothing committed (tests/reliability/test_kill_pipeline.py
 from __future__ import annotations
 
 import asyncio
+import warnings
 
 import pytest
 from tiny_loop import scenario_group as rollout
 
 import artnb as art
+from artnb.core import ignored
 from artnb.models import tiny
-from artnb.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
+from artnb.pipeline_trainer import (
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    PipelineTrainer,
+    _Finished,
+    _Run,
+    keep_recent_and_top,
+    make_group_rollout_fn,
+)
 from artnb.widgets import OffPolicyPlot
 
 BASE = tiny(hidden_size=64, num_layers=2, seed=1)
@@ -138,3 +148,101 @@ async def test_trajectory_group_batches_hands_over_batches_as_groups_finish():
             [broken(), broken()], batch_size=2, max_batch_exceptions=1
         ):
             pass
+
+
+async def test_art_0_5_23_keywords_run_it_and_retention_deletes_what_the_strategy_drops(tmp_path):
+    """`pipeline=PipelineRuntimeConfig(...)`, `limit_mean_steps_off_policy` as the only bound, `kl_penalty_coef`,
+    and a retention strategy that keeps the newest checkpoint it is offered: old checkpoints go as it trains."""
+    model = art.TrainableModel(name="retained", project="p", base_model=BASE)
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        trainer = PipelineTrainer(
+            model, backend, rollout, range(100),
+            pipeline=art.PipelineRuntimeConfig(num_rollout_workers=2, min_batch_size=2, max_batch_size=2),
+            max_steps_off_policy=None, limit_mean_steps_off_policy=0.0, max_steps=4, learning_rate=1e-2,
+            kl_penalty_coef=0.01, optimizer_save_interval=5,
+            checkpoint_retention_strategy=keep_recent_and_top(recent=1, top=0),
+        )  # fmt: skip
+        assert trainer.train_config.kl_penalty_coef == 0.01 and trainer.max_batch_size == 2
+        summary = await trainer.train()
+    rows = train_rows(model)
+    assert summary.steps == 4 and rows["train/steps_off_policy_max"].max() == 0  # the mean limit bounds it
+    steps = model.store.steps()
+    assert steps[-1] == 4 and 0 not in steps and 1 not in steps and len(steps) <= 3
+
+
+async def test_limit_mean_steps_off_policy_drops_a_group_by_the_mean_lag_of_its_trajectories():
+    def finished(*versions: int) -> _Finished:
+        group = art.TrajectoryGroup(
+            [art.Trajectory(reward=float(i), initial_policy_version=v) for i, v in enumerate(versions)]
+        )
+        return _Finished(index=0, group=group, version=min(versions))
+
+    trainer = PipelineTrainer(
+        None, None, rollout, [], max_steps_off_policy=None, limit_mean_steps_off_policy=0.5
+    )  # type: ignore[arg-type]
+    run = _Run(trainer, asyncio.get_running_loop(), step=3, offset=0, done=set())
+    assert not run._too_stale(finished(3, 2))  # lags 0 and 1: mean 0.5
+    assert run._too_stale(finished(2, 2))  # mean 1
+    assert run._start_bound() == 1  # rollouts start only while they can stay within the mean
+    both = PipelineTrainer(None, None, rollout, [], max_steps_off_policy=0, limit_mean_steps_off_policy=5)  # type: ignore[arg-type]
+    assert _Run(both, asyncio.get_running_loop(), step=3, offset=0, done=set())._too_stale(finished(3, 2))
+    run.bar.close()
+
+
+def test_pipeline_settings_come_once_from_the_config_or_the_older_keywords(monkeypatch):
+    monkeypatch.setattr(ignored, "_reported", set())
+    old = PipelineTrainer(None, None, rollout, [], num_rollout_workers=3, min_batch_size=2, queue_maxsize=5)  # type: ignore[arg-type]
+    new = PipelineTrainer(  # type: ignore[arg-type]
+        None,
+        None,
+        rollout,
+        [],
+        pipeline=art.PipelineRuntimeConfig(num_rollout_workers=3, min_batch_size=2, queue_maxsize=5),
+    )
+    for trainer in (old, new):
+        assert (trainer.num_rollout_workers, trainer.min_batch_size, trainer.max_batch_size) == (3, 2, 20)
+        assert trainer.queue_maxsize == 5
+    with pytest.raises(ValueError, match=r"min_batch_size given both as keyword\(s\) and through pipeline="):
+        PipelineTrainer(None, None, rollout, [], pipeline=art.PipelineRuntimeConfig(), min_batch_size=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_batch_size .* must be >= min_batch_size"):
+        art.PipelineRuntimeConfig(min_batch_size=4, max_batch_size=2)
+    with pytest.raises(ValueError, match="extra"):
+        art.PipelineRuntimeConfig(min_batch=4)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="limit_mean_steps_off_policy"):
+        PipelineTrainer(None, None, rollout, [], limit_mean_steps_off_policy=-1)  # type: ignore[arg-type]
+
+
+def test_arts_pipeline_knobs_with_no_effect_here_are_reported_once_each(monkeypatch):
+    monkeypatch.setattr(ignored, "_reported", set())
+    with pytest.warns(UserWarning) as caught:
+        PipelineTrainer(  # type: ignore[arg-type]
+            None, object(), rollout, [],
+            autotune=art.PipelineAutotuneConfig(mode="online", window_steps=3),
+            score_reference_groups_per_step=4.0, kl_penalty_step_lag=2, rollout_executor=object(),
+            grad_accumulation_sequences=4, checkpoint_retention_strategy=keep_recent_and_top(),
+        )  # fmt: skip
+    said = " ".join(str(w.message) for w in caught)
+    for name in ("autotune", "score_reference_*", "kl_penalty_step_lag", "rollout_executor",
+                 "grad_accumulation_sequences", "checkpoint_retention_strategy"):  # fmt: skip
+        assert f"{name}" in said, name
+    assert "object cannot delete chosen checkpoints" in said  # a backend without retention: said so
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the defaults, and autotune off, ask for nothing
+        PipelineTrainer(
+            None, None, rollout, [], autotune=art.PipelineAutotuneConfig(), optimizer_save_interval=5
+        )  # type: ignore[arg-type]
+
+
+def test_keep_recent_and_top_keeps_the_newest_and_the_best_offered():
+    infos = [
+        CheckpointInfo(step=s, path=f"/c/{s}", created_at="2026-01-01T00:00:00Z", metrics=m)
+        for s, m in [(1, {"val/reward": 0.9}), (2, {}), (3, {"val/reward": 0.2}), (4, {"val/reward": 0.5})]
+    ]
+    context = CheckpointRetentionContext(current_step=6, checkpoints=infos)
+    assert set(keep_recent_and_top(recent=1, top=1)(context)) == {4, 1}
+    assert set(keep_recent_and_top(recent=0, top=2)(context)) == {1, 4}
+    assert set(keep_recent_and_top(recent=0, top=0)(context)) == set()
+    with pytest.raises(ValueError, match="counts, >= 0"):
+        keep_recent_and_top(recent=-1)
+    assert art.pipeline_trainer.PipelineRuntimeConfig is art.PipelineRuntimeConfig

@@ -6,7 +6,9 @@ kernels refuse a tiny test model, say) "auto" warns with vLLM's reason and start
 model's engine gets are layered: the card's GPU preset, then the model's `_internal_config`, then the backend's
 `engine_options` (the last of a vLLM flag wins); a placement on GPUs (placement.py) comes after the preset and
 gives vLLM, or the HF engine, its serving GPUs. An option the chosen engine does not take is a TypeError naming
-the ones it does.
+the ones it does. The chat template and its default variables come from `_internal_config` alone: the trainer
+renders with them too, so an engine given others in `engine_options` would sample from prompts unlike the ones
+trained on (a ValueError naming the `_internal_config` key instead).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class EngineLauncher:
         self, kind: str, base_path: str, model: TrainableModel, store: RunStore, settings: InternalSettings
     ) -> Engine:
         """The `kind` engine for the model, built (not started) with its layered options."""
-        options = dict(self.options)
+        options = {**self.options, **chat_template_options(self.options, settings)}
         settings.report_for_engine(kind)
         placement = settings.placement  # on GPUs: which serve (model_setup.apply_placement)
         if kind == "vllm":
@@ -94,6 +96,35 @@ class EngineLauncher:
             options.setdefault("device", f"cuda:{placement.serve_gpus[0]}")  # its first serving GPU
         options = options_for(HFEngine, options, "hf")
         return HFEngine(base_path, served_name=model.base_model, log_dir=store.logs, **options)
+
+
+# (engine option, vLLM flag, the _internal_config key that sets them)
+_TEMPLATE_SETTINGS = (
+    ("chat_template", "--chat-template", "chat_template"),
+    ("default_chat_template_kwargs", "--default-chat-template-kwargs", "chat_template_kwargs"),
+)
+
+
+def chat_template_options(options: dict[str, Any], settings: InternalSettings) -> dict[str, Any]:
+    """The engine options that give it the model's chat template and default template variables (both engines
+    take the same two); a ValueError when `options` (LocalBackend's engine_options) set them otherwise."""
+    flags = {str(arg).split("=")[0] for arg in options.get("extra_args") or []}
+    for option, flag, key in _TEMPLATE_SETTINGS:
+        if option in options:
+            raise ValueError(_template_elsewhere(f"engine_options[{option!r}]", key))
+        if flag in flags:
+            raise ValueError(_template_elsewhere(f"engine_options extra_args {flag}", key))
+    return {
+        "chat_template": settings.chat_template,
+        "default_chat_template_kwargs": settings.chat_template_kwargs,
+    }
+
+
+def _template_elsewhere(where: str, key: str) -> str:
+    return (
+        f"{where}: pass it as the model's _internal_config[{key!r}] instead, so that the trainer renders the "
+        "conversations it trains on as the engine rendered them when sampling"
+    )
 
 
 def options_for(engine_class: type, options: dict[str, Any], kind: str) -> dict[str, Any]:

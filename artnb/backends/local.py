@@ -84,6 +84,8 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
     low_memory: for ~2 GB of RAM (Binder); None reads `ARTNB_LOW_MEMORY=1`, which Binder's start script sets. Then
       "auto" picks the HF engine (vLLM does not fit) with at most 8 rows per batch, and the default trainer config
       recomputes activations (gradient checkpointing). What is passed explicitly is used as given.
+    enable_expert_replay: ART's switch for replaying MoE routing in its Megatron trainer; accepted, and True is
+      reported as ignored (nothing here replays routing).
     """
 
     def __init__(
@@ -98,7 +100,14 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         in_process: bool = False,
         gpu_cost_per_hour_usd: float | None = None,
         low_memory: bool | None = None,
+        enable_expert_replay: bool | None = None,
     ) -> None:
+        if enable_expert_replay:
+            report_ignored(
+                "LocalBackend(enable_expert_replay=True)",
+                "it replays vLLM's mixture-of-experts routing in ART's Megatron trainer; there is no Megatron "
+                "trainer or routing replay here (False is what artnb does anyway)",
+            )
         if in_process:
             report_ignored(
                 "LocalBackend(in_process=True)",
@@ -175,15 +184,15 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         A plain `art.Model` (a comparison model served elsewhere) is only given this backend's path for its logs.
         """
         if not model.trainable:
-            RunStore(self.path, model.project, model.name).write_model_info(_model_info(model))
+            RunStore(self.path, model.project, model.storage_name).write_model_info(_model_info(model))
             return
         assert isinstance(model, TrainableModel)
-        key = (model.project, model.name)
+        key = (model.project, model.storage_name)
         base_path = await asyncio.to_thread(resolve_base_model, model.base_model)
         if (served := self._served.get(key)) is not None:
             if served.base_path != base_path:
                 raise ValueError(
-                    f"model {model.project}/{model.name} is already registered on this backend with base model "
+                    f"model {model.project}/{model.storage_name} is already registered on this backend with base model "
                     f"{served.model.base_model!r}; a run keeps its base model. Use another name for "
                     f"{model.base_model!r}, or `await backend.close()` first"
                 )
@@ -191,7 +200,8 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
             await served.ensure_engine()
             served.point_model_at_engine()
             return
-        store = RunStore(self.path, model.project, model.name)
+        store = RunStore(self.path, model.project, model.storage_name)
+        _say_which_run(self.path, model, store)
         await run_writers.take_over(store, self.release_run)
         run_lock = run_writers.claim(store, self.release_run)
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"artnb-trainer-{model.name}")
@@ -283,11 +293,11 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         return served
 
     def _get(self, model: Model) -> ServedModel:
-        return self._slot((model.project, model.name))
+        return self._slot((model.project, model.storage_name))
 
     def served_model(self, model: Model, required: bool = False) -> ServedModel | None:
         """The model's slot if it is registered here (else None, or an error when `required`)."""
-        return self._get(model) if required else self._served.get((model.project, model.name))
+        return self._get(model) if required else self._served.get((model.project, model.storage_name))
 
     async def as_writer(self, store: RunStore, work: Callable[[], T]) -> T:
         """Run `work()` in a thread as the run's writer (its lock), unless this backend trains the run already."""
@@ -321,7 +331,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
 
     def http_client(self, model: TrainableModel) -> httpx.AsyncClient:
         """The HTTP client behind `model.openai_client()`: restarts a dead engine before the next request."""
-        key = (model.project, model.name)
+        key = (model.project, model.storage_name)
         transport = self._transports.get(key)
         if transport is None:
             transport = self._transports[key] = EngineTransport(functools.partial(self._slot, key))
@@ -333,10 +343,10 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
 
     # training --------------------------------------------------------------------------------------
     async def get_step(self, model: TrainableModel) -> int:
-        served = self._served.get((model.project, model.name))
+        served = self._served.get((model.project, model.storage_name))
         if served is not None:
             return served.step
-        step = RunStore(self.path, model.project, model.name).latest_step()
+        step = RunStore(self.path, model.project, model.storage_name).latest_step()
         return 0 if step is None else step
 
     async def train_step(self, model: TrainableModel, request: TrainRequest) -> TrainOutcome:
@@ -373,7 +383,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         self, model: Model, split: str, step: int, row: dict[str, Any], groups: Sequence[TrajectoryGroup]
     ) -> None:
         """Record a history row and the groups' trajectories in the model's run directory (`model.log`)."""
-        store = RunStore(self.path, model.project, model.name)
+        store = RunStore(self.path, model.project, model.storage_name)
         if groups:
             await asyncio.to_thread(store.write_trajectories, split, step, groups)
         await asyncio.to_thread(store.append_history, row)
@@ -464,7 +474,7 @@ def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
         else ""
     )
     raise ValueError(
-        f"run {model.project}/{model.name} ({store.dir}) was made with other settings: {'; '.join(changed)}. Its "
+        f"run {model.project}/{model.storage_name} ({store.dir}) was made with other settings: {'; '.join(changed)}. Its "
         "checkpoints continue only on the base model and LoRA they were trained with, so nothing was loaded or "
         f"changed. Register it with the settings in {info}, or give the new model another name (or project)"
         f"{start_over}. If only the base model's place changed (the same weights at another path or id), edit "
@@ -475,3 +485,17 @@ def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
 def _model_info(model: Model) -> dict[str, Any]:
     """What model.json records: the model's settings, never its API key."""
     return model.model_dump(mode="json", exclude={"inference_api_key"})
+
+
+def _say_which_run(path: str | Path, model: TrainableModel, store: RunStore) -> None:
+    """A new `run_name` starts a new run (ART 0.5.2x), even where a run under the model's `name` exists, as
+    runs made before run_name named the directory are: say which run this is, and how to continue the other."""
+    if model.storage_name == model.name or store.dir.exists():
+        return
+    other = RunStore(path, model.project, model.name)
+    if (step := other.latest_step()) is not None:
+        warn_user(
+            f"artnb: run_name={model.run_name!r} starts a new run in {store.dir}; the run in {other.dir} (at step "
+            f"{step}) is left as it is. run_name names the run directory and `name` the model it serves (as in "
+            f"ART 0.5.2x); to continue that run, leave run_name out or pass run_name={model.name!r}"
+        )

@@ -149,12 +149,21 @@ def trainer_and_tokenizer(
     log_dir: Path | None = None,
 ) -> tuple[Trainer, PreTrainedTokenizerBase]:
     """The trainer `requested` ("auto", "peft", "unsloth", "fsdp") for the model, with `_internal_config`'s
-    trainer options over `trainer_config`, and the base model's tokenizer. `log_dir`: where a trainer that runs
-    processes of its own (FSDP ranks) writes their logs: the run's logs folder."""
+    trainer options over `trainer_config`, and the base model's tokenizer (with `_internal_config`'s chat
+    template, which the engine renders with too). `log_dir`: where a trainer that runs processes of its own (FSDP
+    ranks) writes their logs: the run's logs folder."""
     from .trainers.choice import make_trainer
 
     config = trainer_config_for(trainer_config, settings)
     trainer = make_trainer(
         requested, base_path, model.lora, config, settings.gpu_preset, log_dir, settings.placement
     )
-    return trainer, AutoTokenizer.from_pretrained(base_path)
+    return trainer, model_tokenizer(base_path, settings)
+
+
+def model_tokenizer(base_path: str, settings: InternalSettings) -> PreTrainedTokenizerBase:
+    """The base model's tokenizer, rendering with the chat template the model's engine was given, if any."""
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    if settings.chat_template is not None:
+        tokenizer.chat_template = settings.chat_template
+    return tokenizer

@@ -61,7 +61,7 @@ from ..core.wire import (
 )
 from .art_spellings import ArtTrainSpellings
 from .engine_transport import EngineDiedError
-from .s3 import BUCKET_ENV, S3SyncError, SyncReport, one_step
+from .s3 import BUCKET_ENV, Excludable, S3SyncError, SyncReport, check_exclude, one_step
 from .train_step import PHASES
 
 
@@ -152,7 +152,7 @@ class RemoteBackend(ArtTrainSpellings):
         its inference at the server's proxy for it; then mirror the run's history and trajectories."""
         await self._check_server()
         await self._register_on_server(model)
-        self._models[(model.project, model.name)] = model
+        self._models[(model.project, model.storage_name)] = model
         if model.trainable:
             model.inference_base_url = f"{self.base_url}{_route(model)}/v1"
             model.inference_api_key = self.api_key or "none"
@@ -174,7 +174,7 @@ class RemoteBackend(ArtTrainSpellings):
 
     async def _register_on_server(self, model: Model) -> None:
         reply = await self._operation(None, "POST", f"{_route(model)}/register", dumps(model_to_wire(model)))
-        self._registrations[model.project, model.name] += 1
+        self._registrations[model.project, model.storage_name] += 1
         if isinstance(model, TrainableModel) and reply.get("lora") is not None:
             lora = lora_from_wire(reply["lora"])  # the server applied the model's _internal_config to it
             if lora != model.lora:
@@ -189,18 +189,18 @@ class RemoteBackend(ArtTrainSpellings):
 
     def registrations(self, model: Model) -> int:
         """How many times this client registered the model on the server (see `register_again`)."""
-        return self._registrations[model.project, model.name]
+        return self._registrations[model.project, model.storage_name]
 
     async def register_again(self, model: Model, seen: int) -> None:
         """The server forgot the model (it restarted): register it again; it resumes at its newest checkpoint.
         `seen`: the registration count when the failed request was sent (requests that failed together, e.g. a
         gather's rollouts, register once)."""
-        key = (model.project, model.name)
+        key = (model.project, model.storage_name)
         async with self._locks["register", key]:
             if self._registrations[key] != seen:
                 return  # another request registered it meanwhile
             warn_user(
-                f"artnb: the server at {self.base_url} did not know {model.project}/{model.name} (it restarted?); "
+                f"artnb: the server at {self.base_url} did not know {model.project}/{model.storage_name} (it restarted?); "
                 "registering it again: it resumes at its newest committed step"
             )
             await self._check_server()
@@ -210,9 +210,9 @@ class RemoteBackend(ArtTrainSpellings):
                 await self.set_default_temperature(model, model.default_temperature)
 
     def _registered(self, model: Model) -> Model:
-        if self._models.get((model.project, model.name)) is None:
+        if self._models.get((model.project, model.storage_name)) is None:
             raise RuntimeError(
-                f"model {model.project}/{model.name} is not registered on this backend: call "
+                f"model {model.project}/{model.storage_name} is not registered on this backend: call "
                 "`await model.register(backend)` first"
             )
         return model
@@ -298,7 +298,7 @@ class RemoteBackend(ArtTrainSpellings):
         await self._sync(model)
         if verbose:
             print(
-                f"forked {from_project or model.project}/{from_model} step {forked} into {model.project}/{model.name}"
+                f"forked {from_project or model.project}/{from_model} step {forked} into {model.project}/{model.storage_name}"
             )
         return forked
 
@@ -317,7 +317,7 @@ class RemoteBackend(ArtTrainSpellings):
         report = SyncReport(**reply["report"])
         if verbose:
             print(
-                f"pushed {model.project}/{model.name} on the server: {len(report.uploaded)} files; steps {report.steps}"
+                f"pushed {model.project}/{model.storage_name} on the server: {len(report.uploaded)} files; steps {report.steps}"
             )
         return report
 
@@ -332,6 +332,7 @@ class RemoteBackend(ArtTrainSpellings):
         *,
         only_step: int | Literal["latest"] | None = None,
         latest_only: bool = False,
+        exclude: list[Excludable] | None = None,
     ) -> SyncReport:
         """`LocalBackend._experimental_pull_from_s3` on the server (before `model.register(backend)`), then the
         pulled history and trajectories are mirrored here."""
@@ -340,12 +341,13 @@ class RemoteBackend(ArtTrainSpellings):
             "s3_bucket": s3_bucket or os.environ.get(BUCKET_ENV),
             "prefix": prefix,
             "delete": delete,
+            "exclude": sorted(check_exclude(exclude)) or None,
         }
         reply = await self._operation(None, "POST", f"{_route(model)}/pull_from_s3", dumps(options))
         report = SyncReport(**reply["report"])
         await self._sync(model)
         if verbose:
-            print(f"pulled {model.project}/{model.name} on the server: steps {report.steps}")
+            print(f"pulled {model.project}/{model.storage_name} on the server: steps {report.steps}")
         return report
 
     async def log(
@@ -390,14 +392,14 @@ class RemoteBackend(ArtTrainSpellings):
             await self._copy_run_files(model)
         except (OSError, RemoteError) as error:
             warn_user(
-                f"artnb: the local mirror of {model.project}/{model.name} in {self.path} could not be updated "
+                f"artnb: the local mirror of {model.project}/{model.storage_name} in {self.path} could not be updated "
                 f"({_cause(error)}); model.history() and the plots may lag until the next call updates it"
             )
 
     async def _copy_run_files(self, model: Model) -> None:
         route = _route(model)
-        store = RunStore(self.path, model.project, model.name)
-        async with self._locks["sync", (model.project, model.name)]:
+        store = RunStore(self.path, model.project, model.storage_name)
+        async with self._locks["sync", (model.project, model.storage_name)]:
             listing = await self._get_json(f"{route}/files", "mirror")
             for entry in listing["files"]:
                 if entry["kind"] == "history":
@@ -462,7 +464,9 @@ class RemoteBackend(ArtTrainSpellings):
         answered = False  # the server starts an operation only after it has answered with its headers
         for attempt in (1, 2):
             # the model and its registration count as this request is sent (see register_again)
-            registered = None if model is None else (model, self._registrations[model.project, model.name])
+            registered = (
+                None if model is None else (model, self._registrations[model.project, model.storage_name])
+            )
             try:
                 async with self._http().stream(method, route, content=content) as response:
                     answered = True
@@ -517,7 +521,7 @@ class RemoteBackend(ArtTrainSpellings):
         if train is None or model is None:
             return ServerUnavailableError(f"{problem} ({cause}); the next call reconnects")
         return ServerUnavailableError(
-            f"{problem}() of {model.project}/{model.name} ({cause}; last phase seen: {phase or 'none yet'}). The "
+            f"{problem}() of {model.project}/{model.storage_name} ({cause}; last phase seen: {phase or 'none yet'}). The "
             "step may have committed on the server (a step whose trainer started commits even when its caller "
             "goes away): `await model.get_step()` tells you, and waits for a step still running there. If the "
             "step advanced, this batch is trained and recorded: do not train it again. The next call reconnects, "
@@ -595,7 +599,7 @@ class _ServerTransport(httpx.AsyncBaseTransport):
 
 
 def _route(model: Model) -> str:
-    return f"/models/{quote(model.project, safe='')}/{quote(model.name, safe='')}"
+    return f"/models/{quote(model.project, safe='')}/{quote(model.storage_name, safe='')}"
 
 
 def _not_registered(response: httpx.Response) -> bool:

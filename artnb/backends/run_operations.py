@@ -1,6 +1,7 @@
 """Operations on a run directory besides training: fork from another run's checkpoint, push to and pull from S3,
 delete old checkpoints; and `RunOperations`, which gives LocalBackend them under ART's names
-(`_experimental_fork_checkpoint`, `_experimental_push_to_s3`, `_experimental_pull_from_s3`, `delete_checkpoints`).
+(`_experimental_fork_checkpoint`, `_experimental_push_to_s3`, `_experimental_pull_from_s3`,
+`_experimental_pull_model_checkpoint`, `delete_checkpoints`).
 
 Each one is the run's only writer while it works: on a registered model it waits for the model's running step
 (`ServedModel.step_lock`), on any other run it takes the run's lock (run_writers.as_writer).
@@ -14,12 +15,16 @@ import difflib
 import statistics
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
+
+import pandas as pd
 
 from ..core import metric_names as names
 from ..core.ignored import report_ignored, warn_user
 from ..core.model import Model, TrainableModel
+from ..core.retention import CheckpointInfo, CheckpointRetentionContext, CheckpointRetentionStrategy
 from ..core.store import RunStore, copy_checkpoint_files
 from . import s3
 from .served import ServedModel
@@ -116,12 +121,89 @@ async def pull_from_s3(
     step: int | Literal["latest"] | None,
     verbose: bool,
     delete: bool,
+    exclude: Iterable[str] | None = None,
 ) -> s3.SyncReport:
-    """Download the run from S3 into `store` (every complete step, or only `step`), as its writer."""
+    """Download the run from S3 into `store` (every complete step, or only `step`; not the folders in
+    `exclude`), as its writer."""
     bucket = s3.resolve_bucket(s3_bucket)
+    excluded = s3.check_exclude(exclude)  # before taking the run's lock: a bad name is the caller's error
     return await as_writer(
-        store, lambda: s3.pull(store, bucket, prefix, step=step, delete=delete, verbose=verbose)
+        store,
+        lambda: s3.pull(store, bucket, prefix, step=step, delete=delete, verbose=verbose, exclude=excluded),
     )
+
+
+async def pull_model_checkpoint(
+    store: RunStore,
+    served: ServedModel | None,
+    as_writer: AsWriter,
+    *,
+    step: int | Literal["latest"] | None,
+    local_path: str | Path | None,
+    s3_bucket: str | None,
+    prefix: str | None,
+    verbose: bool,
+) -> str:
+    """The directory of one checkpoint of `store`'s run: taken from the run directory when it is there, else
+    pulled from S3 (that checkpoint alone); copied into `local_path` when given. See
+    RunOperations._experimental_pull_model_checkpoint."""
+    bucket = s3.resolve_bucket(s3_bucket) if s3_bucket is not None else None
+    wanted = await _checkpoint_to_pull(store, step, bucket, prefix, verbose)
+    if wanted not in store.steps():
+        if bucket is None:
+            raise FileNotFoundError(
+                f"checkpoint {wanted} of {store.project}/{store.name} is not in {store.checkpoints} (its "
+                f"checkpoints: {store.steps()}); pass s3_bucket=... to pull it from S3"
+            )
+        if served is not None:
+            raise RuntimeError(
+                f"{store.project}/{store.name} is registered and serving on this backend, and checkpoint {wanted} "
+                "is only in S3: pull it before `await model.register(backend)` or after `await backend.close()`"
+            )
+        await as_writer(store, lambda: s3.pull(store, bucket, prefix, step=wanted, verbose=verbose))
+    source = store.checkpoint_path(wanted)
+    if local_path is None:
+        return str(source)
+    target = Path(local_path)
+    await asyncio.to_thread(_copy_checkpoint_out, source, target)
+    if verbose:
+        print(f"copied checkpoint {wanted} of {store.project}/{store.name} to {target}")
+    return str(target)
+
+
+async def _checkpoint_to_pull(
+    store: RunStore,
+    step: int | Literal["latest"] | None,
+    bucket: str | None,
+    prefix: str | None,
+    verbose: bool,
+) -> int:
+    """`step` as a number: for "latest" (or None), the newest of the run directory's and the bucket's, the
+    run directory's when they are level (as in ART)."""
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    if step not in (None, "latest"):
+        raise ValueError(f"step={step!r}: pass a step number or 'latest'")
+    local = store.latest_step()
+    remote = await asyncio.to_thread(s3.latest_remote_step, store, bucket, prefix) if bucket else None
+    if local is None and remote is None:
+        where = f"{store.checkpoints}" + (
+            f" or s3://{bucket}/{s3.s3_prefix(store.project, store.name, prefix)}" if bucket else ""
+        )
+        raise FileNotFoundError(f"no checkpoint of {store.project}/{store.name} in {where}")
+    latest = max(s for s in (local, remote) if s is not None)
+    if verbose:
+        print(
+            f"latest checkpoint of {store.project}/{store.name}: step {latest} "
+            f"({'run directory' if latest == local else 'S3'})"
+        )
+    return latest
+
+
+def _copy_checkpoint_out(source: Path, target: Path) -> None:
+    """The checkpoint's files (adapter and optimizer state) into `target`, created if need be."""
+    target.mkdir(parents=True, exist_ok=True)
+    copy_checkpoint_files(source, target)
 
 
 async def delete_checkpoints(served: ServedModel, best_checkpoint_metric: str) -> list[int]:
@@ -150,6 +232,45 @@ async def delete_checkpoints(served: ServedModel, best_checkpoint_metric: str) -
         for s in deleted:
             store.delete_checkpoint(s)
         return deleted
+
+
+async def retain_checkpoints(
+    served: ServedModel, strategy: CheckpointRetentionStrategy, current_step: int, protected: Iterable[int]
+) -> list[int]:
+    """Delete the checkpoints `strategy` does not keep among those it is offered: every one but the newest and
+    the `protected` steps. Returns the deleted steps."""
+    async with served.step_lock:
+        store = served.store
+        steps = store.steps()
+        offered = [s for s in steps[:-1] if s not in set(protected)]
+        if not offered:
+            return []
+        infos = await asyncio.to_thread(_checkpoint_infos, store, offered)
+        keep = set(strategy(CheckpointRetentionContext(current_step=current_step, checkpoints=infos)))
+        deleted = [s for s in offered if s not in keep]
+        for s in deleted:
+            await asyncio.to_thread(store.delete_checkpoint, s)
+        return deleted
+
+
+def _checkpoint_infos(store: RunStore, steps: list[int]) -> list[CheckpointInfo]:
+    """The checkpoints `steps` with the history's numeric means at each step (evaluations logged there)."""
+    history = store.history()
+    infos = []
+    for s in steps:
+        rows = history[history["step"] == s]
+        means = rows.select_dtypes("number").drop(columns=["step"], errors="ignore").mean()
+        path = store.checkpoint_path(s)
+        infos.append(
+            CheckpointInfo(
+                step=s,
+                path=str(path),
+                created_at=datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc),
+                is_eval_step=bool(set(rows["split"].dropna()) - {"train"}),
+                metrics={str(k): float(v) for k, v in means.items() if pd.notna(v)},
+            )
+        )
+    return infos
 
 
 def _check_metric_known(metric: str, columns: Iterable[str]) -> None:
@@ -212,7 +333,7 @@ class RunOperations:
         """
         return await fork_checkpoint(
             RunStore(self.path, from_project or model.project, from_model),
-            RunStore(self.path, model.project, model.name),
+            RunStore(self.path, model.project, model.storage_name),
             self.served_model(model),
             self.as_writer,
             from_s3_bucket=from_s3_bucket,
@@ -234,7 +355,7 @@ class RunOperations:
         $BACKUP_BUCKET; `delete=True` removes objects the run directory no longer has. No step commits while
         it runs; a cancelled push stops after the current file and removes what it uploaded of an unfinished step.
         """
-        store = RunStore(self.path, model.project, model.name)
+        store = RunStore(self.path, model.project, model.storage_name)
         served = self.served_model(model)
         return await push_to_s3(store, served, s3_bucket, prefix, verbose=verbose, delete=delete)
 
@@ -249,23 +370,73 @@ class RunOperations:
         *,
         only_step: int | Literal["latest"] | None = None,
         latest_only: bool = False,
+        exclude: list[s3.Excludable] | None = None,
     ) -> s3.SyncReport:
         """Download the model's run from S3 into this backend's path, before `model.register(backend)` (as in
         ART's scripts): every complete step, history and trajectories; or one checkpoint alone: `only_step` (a
         step, or "latest" for the newest; ART's newer name for `step`), `latest_only=True` as "latest". Each step
         arrives whole (temp directory, then rename); steps whose weights never reached the bucket are ignored. A
         local step or history that differs from the bucket's is an error unless `delete=True`, which makes the
-        local run the bucket's copy."""
+        local run the bucket's copy. `exclude`: folders of the run not to pull ("checkpoints", "logs",
+        "trajectories"). ART 0.5.23 deprecates this method for `_experimental_pull_model_checkpoint`, which
+        gives the path of one checkpoint."""
         wanted = s3.one_step(step, only_step, latest_only)
         if self.served_model(model) is not None:
             raise RuntimeError(
-                f"{model.project}/{model.name} is registered and serving on this backend: pull before "
+                f"{model.project}/{model.storage_name} is registered and serving on this backend: pull before "
                 "`await model.register(backend)` (its trainer would not see the pulled steps), or "
                 "`await backend.close()` first"
             )
-        store = RunStore(self.path, model.project, model.name)
+        store = RunStore(self.path, model.project, model.storage_name)
         return await pull_from_s3(
-            store, self.as_writer, s3_bucket, prefix, step=wanted, verbose=verbose, delete=delete
+            store,
+            self.as_writer,
+            s3_bucket,
+            prefix,
+            step=wanted,
+            verbose=verbose,
+            delete=delete,
+            exclude=exclude,
+        )
+
+    async def _experimental_pull_model_checkpoint(
+        self,
+        model: Model,
+        *,
+        step: int | Literal["latest"] | None = None,
+        local_path: str | None = None,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+    ) -> str:
+        """The local directory of one checkpoint of `model`, e.g. to load it elsewhere (vLLM, PEFT). `step`: a
+        number, or "latest"/None for the newest in this backend's run directory or (with `s3_bucket`) the
+        bucket, the local one when they are level. A checkpoint missing here is pulled from S3 (that checkpoint
+        alone, whole); `local_path`: its adapter and optimizer files are copied into that directory, which is
+        returned instead of the run directory's. A registered model's run may only pull a checkpoint while
+        not serving (the trainer would not see it)."""
+        return await pull_model_checkpoint(
+            RunStore(self.path, model.project, model.storage_name),
+            self.served_model(model),
+            self.as_writer,
+            step=step,
+            local_path=local_path,
+            s3_bucket=s3_bucket,
+            prefix=prefix,
+            verbose=verbose,
+        )
+
+    async def _retain_checkpoints(
+        self,
+        model: TrainableModel,
+        strategy: CheckpointRetentionStrategy,
+        current_step: int,
+        protected: Iterable[int] = (),
+    ) -> list[int]:
+        """PipelineTrainer's checkpoint retention (core/retention.py): delete what `strategy` does not keep of
+        the checkpoints before the newest, `protected` steps left out. Returns the deleted steps."""
+        return await retain_checkpoints(
+            self.served_model(model, required=True), strategy, current_step, protected
         )
 
     async def delete_checkpoints(

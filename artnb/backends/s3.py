@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,10 @@ from ..core.store import ADAPTER_FILES, RunStore
 WEIGHTS = ADAPTER_FILES[1]  # adapter_model.safetensors: uploaded last; its presence makes a step
 BUCKET_ENV = "BACKUP_BUCKET"  # ART's default bucket variable
 _SKIPPED = {".lock", "wandb"}  # the writer lock belongs to this machine; W&B keeps its own copy of its files
+Excludable = Literal[
+    "checkpoints", "logs", "trajectories"
+]  # ART's `exclude` options: top-level folders of a run
+EXCLUDABLE: tuple[Excludable, ...] = ("checkpoints", "logs", "trajectories")
 
 
 class S3SyncError(RuntimeError):
@@ -264,6 +269,27 @@ def one_step(
     return next(iter(asked.values()), None)
 
 
+def check_exclude(exclude: Iterable[str] | None) -> frozenset[str]:
+    """ART's `exclude` (a list of "checkpoints", "logs", "trajectories") as a set; a ValueError for other names."""
+    if exclude is None:
+        return frozenset()
+    if isinstance(exclude, str):
+        raise TypeError(f"exclude={exclude!r}: pass a list, e.g. exclude=['logs', 'trajectories']")
+    names = frozenset(exclude)
+    if unknown := sorted(names - set(EXCLUDABLE)):
+        raise ValueError(
+            f"exclude={sorted(names)}: {unknown} cannot be excluded; the options are {EXCLUDABLE}"
+        )
+    return names
+
+
+def latest_remote_step(store: RunStore, bucket: str, prefix: str | None = None) -> int | None:
+    """The newest complete step of `store`'s run in the bucket, or None when it has none."""
+    remote = _remote_objects(s3_client(), bucket, s3_prefix(store.project, store.name, prefix))
+    complete, _ = _complete_steps(store, remote)
+    return complete[-1] if complete else None
+
+
 def pull(
     store: RunStore,
     bucket: str,
@@ -273,14 +299,23 @@ def pull(
     not_after_step: int | None = None,
     delete: bool = False,
     verbose: bool = False,
+    exclude: Iterable[str] | None = None,
     client: Any = None,
 ) -> SyncReport:
     """Download the bucket's complete steps (or only `step`, "latest" for the newest, or the newest not after
-    `not_after_step`) and the run's other files into `store`. The caller must be the run's writer (hold its
-    lock)."""
+    `not_after_step`) and the run's other files into `store`, leaving out the top-level folders in `exclude`
+    (see EXCLUDABLE; an excluded folder is not deleted by `delete=True` either, as with `aws s3 sync`). The
+    caller must be the run's writer (hold its lock)."""
+    excluded = check_exclude(exclude)
+    if "checkpoints" in excluded and (step is not None or not_after_step is not None):
+        raise ValueError(
+            "exclude=['checkpoints'] leaves out the checkpoint this pull asks for; drop one of the two"
+        )
     client = client or s3_client()
     root = s3_prefix(store.project, store.name, prefix)
-    remote = _remote_objects(client, bucket, root)
+    remote = {
+        rel: obj for rel, obj in _remote_objects(client, bucket, root).items() if not _in(rel, excluded)
+    }
     complete, partial = _complete_steps(store, remote)
     report = SyncReport(ignored_partial_steps=partial)
     if step == "latest":
@@ -302,7 +337,7 @@ def pull(
     if step is not None or not_after_step is not None:
         files = []  # one checkpoint only, as ART's pull of a step
     local_steps = store.steps()
-    ahead = [s for s in local_steps if s not in complete]
+    ahead = [] if "checkpoints" in excluded else [s for s in local_steps if s not in complete]
     todo_steps = []
     for s in wanted:
         if s not in local_steps:
@@ -330,11 +365,11 @@ def pull(
             _pull_file(client, bucket, root, store, rel, remote[rel], delete, ahead, report)
             bar.update()
     if delete and step is None and not_after_step is None:
-        for s in ahead:
+        for s in [] if "checkpoints" in excluded else ahead:
             store.delete_checkpoint(s)
             report.deleted.append(_relative(store, s))
         for rel, path in _local_files(store).items():
-            if store.step_of(rel) is None and rel not in remote and not rel.startswith("logs/"):
+            if store.step_of(rel) is None and rel not in remote and not _in(rel, excluded | {"logs"}):
                 path.unlink()
                 report.deleted.append(rel)
     store.recover()  # a pulled step whose rollouts were not yet published when it was pushed
@@ -345,6 +380,11 @@ def pull(
             + (f" (ignored steps without their weights: {partial})" if partial else "")
         )
     return report
+
+
+def _in(rel: str, folders: Iterable[str]) -> bool:
+    """Whether the run-relative path `rel` lies in one of the top-level `folders`."""
+    return rel.split("/", 1)[0] in folders
 
 
 def _same_step(store: RunStore, step: int, remote: dict[str, dict[str, Any]], root: str) -> bool:

@@ -249,8 +249,10 @@ class ArtnbServer:
     async def register(self, project: str, name: str, body: bytes) -> dict[str, Any]:
         key = self._key(project, name)
         model = model_from_wire(await asyncio.to_thread(loads, body))
-        if (model.project, model.name) != key:
-            raise ValueError(f"the body registers {model.project}/{model.name}, the path {project}/{name}")
+        if (model.project, model.storage_name) != key:
+            raise ValueError(
+                f"the body registers {model.project}/{model.storage_name}, the path {project}/{name}"
+            )
         async with self.register_locks[key]:
             await model.register(self.backend)  # as in a notebook: the model's base_path is the server's path
             if not isinstance(model, TrainableModel):  # model_from_wire: a TrainableModel when trainable
@@ -267,7 +269,7 @@ class ArtnbServer:
         }
 
     async def get_step(self, model: TrainableModel) -> dict[str, Any]:
-        key = (model.project, model.name)
+        key = (model.project, model.storage_name)
         running = [t for t in self.inflight.get(key, ()) if t is not asyncio.current_task()]
         if running:  # e.g. a step whose caller's connection dropped: say whether it committed
             await asyncio.wait(running)
@@ -275,7 +277,7 @@ class ArtnbServer:
 
     async def train(self, model: TrainableModel, body: bytes, sft: bool) -> dict[str, Any]:
         data = await asyncio.to_thread(loads, body)
-        store = RunStore(self.backend.path, model.project, model.name)
+        store = RunStore(self.backend.path, model.project, model.storage_name)
         events = _operation_events.get()
         assert events is not None, "train runs as an operation (_operation sets its events)"
         with self.phases.listen(store, *events):

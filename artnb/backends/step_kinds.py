@@ -8,7 +8,7 @@ the history row summarises differ. Each kind says those in one place instead of 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
@@ -42,7 +42,13 @@ class GRPOStep:
         return _empty_batch_reason(groups)
 
     async def tokenise(
-        self, tokenizer: Any, groups: list[TrajectoryGroup], config: TrainConfig, max_seq_length: int
+        self,
+        tokenizer: Any,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        max_seq_length: int,
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> TokenizedBatch:
         return await asyncio.to_thread(
             tokenize_groups,
@@ -51,6 +57,7 @@ class GRPOStep:
             scale_rewards=config.scale_rewards,
             allow_training_without_logprobs=config.allow_training_without_logprobs,
             max_seq_length=max_seq_length,
+            template_kwargs=template_kwargs,
         )
 
     def nothing_left(self, batch: TokenizedBatch) -> bool:
@@ -89,10 +96,21 @@ class SFTStep:
         return _empty_batch_reason(groups)
 
     async def tokenise(
-        self, tokenizer: Any, groups: list[TrajectoryGroup], config: TrainSFTConfig, max_seq_length: int
+        self,
+        tokenizer: Any,
+        groups: list[TrajectoryGroup],
+        config: TrainSFTConfig,
+        max_seq_length: int,
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> SFTBatches:
         return await asyncio.to_thread(
-            tokenize_sft, tokenizer, groups[0].trajectories, config, max_seq_length=max_seq_length
+            tokenize_sft,
+            tokenizer,
+            groups[0].trajectories,
+            config,
+            max_seq_length=max_seq_length,
+            template_kwargs=template_kwargs,
         )
 
     def nothing_left(self, batch: SFTBatches) -> bool:
@@ -137,8 +155,17 @@ class StepKind(Protocol):
     def empty_reason(self, groups: list[TrajectoryGroup]) -> str | None: ...
 
     async def tokenise(
-        self, tokenizer: Any, groups: list[TrajectoryGroup], config: Any, max_seq_length: int
-    ) -> TokenizedBatch | SFTBatches: ...
+        self,
+        tokenizer: Any,
+        groups: list[TrajectoryGroup],
+        config: Any,
+        max_seq_length: int,
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> TokenizedBatch | SFTBatches:
+        """The batch as the trainer takes it, rendered with the chat template's variables `template_kwargs`
+        (the model's `_internal_config["chat_template_kwargs"]`, the engine's defaults too)."""
+        ...
 
     def nothing_left(self, batch: Any) -> bool: ...
 

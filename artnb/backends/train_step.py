@@ -138,7 +138,13 @@ class TrainStep:
         self._enter("tokenise")
         config, served = self.config, self.served
         max_seq_length = config.max_seq_length or served.trainer.max_seq_length
-        return await self.kind.tokenise(served.tokenizer, self.groups, config, max_seq_length)
+        return await self.kind.tokenise(
+            served.tokenizer,
+            self.groups,
+            config,
+            max_seq_length,
+            template_kwargs=served.settings.chat_template_kwargs,
+        )
 
     async def _nothing_to_train(self, reason: str) -> TrainResult:
         """No data to learn from: an error, or (if asked) a skipped step in the history without a checkpoint."""

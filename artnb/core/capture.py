@@ -27,7 +27,7 @@ import numbers
 import warnings
 from collections.abc import Coroutine, Iterable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Literal, overload
 
 from openai.types.chat.chat_completion import Choice
 
@@ -39,12 +39,24 @@ _paused: ContextVar[bool] = ContextVar("artnb_capture_paused", default=False)
 _yielded: ContextVar[list[Trajectory] | None] = ContextVar("artnb_yielded_trajectory", default=None)
 
 
-def current_trajectory(*, required: bool = False) -> Trajectory | None:
-    """The trajectory the innermost capture scope records into (None outside one, unless `required`)."""
+def _required(require: bool | None, required: bool | None, call: str) -> bool:
+    """ART's `require=` and artnb's older `required=` mean the same; both given and different is a slip."""
+    if require is not None and required is not None and bool(require) != bool(required):
+        raise TypeError(f"{call} got require={require!r} and required={required!r}; pass only require=")
+    return bool(require if require is not None else required)
+
+
+@overload
+def current_trajectory(*, require: Literal[True], required: bool | None = None) -> Trajectory: ...
+@overload
+def current_trajectory(*, require: bool | None = None, required: bool | None = None) -> Trajectory | None: ...
+def current_trajectory(*, require: bool | None = None, required: bool | None = None) -> Trajectory | None:
+    """The trajectory the innermost capture scope records into: None outside one, or with `require=True`
+    (ART's keyword; `required=` is the same) a RuntimeError saying how to open one."""
     scopes = _trajectories.get()
     if scopes:
         return scopes[-1]
-    if required:
+    if _required(require, required, "current_trajectory()"):
         raise RuntimeError(
             "no trajectory is being captured here: run the rollout as `await art.trajectory(rollout(...))` or "
             "inside `with art.Trajectory() as trajectory:`"
@@ -52,12 +64,15 @@ def current_trajectory(*, required: bool = False) -> Trajectory | None:
     return None
 
 
-def current_trajectory_group(*, required: bool = False) -> TrajectoryGroup | None:
-    """The group of the innermost `with art.TrajectoryGroup() as group:` block (None outside one)."""
+def current_trajectory_group(
+    *, require: bool | None = None, required: bool | None = None
+) -> TrajectoryGroup | None:
+    """The group of the innermost `with art.TrajectoryGroup() as group:` block: None outside one, or with
+    `require=True` (as `current_trajectory`'s; `required=` is the same) a RuntimeError."""
     groups = _groups.get()
     if groups:
         return groups[-1]
-    if required:
+    if _required(require, required, "current_trajectory_group()"):
         raise RuntimeError("no trajectory group is open here: use `with art.TrajectoryGroup() as group:`")
     return None
 
@@ -168,12 +183,14 @@ async def trajectory_group(
     return TrajectoryGroup(results, **group_fields)
 
 
-def yield_trajectory(value: Trajectory) -> None:
-    """Hand `value` to the enclosing `capture_yielded_trajectory` (from code that cannot return it)."""
+def yield_trajectory(trajectory: Trajectory) -> None:
+    """Hand `trajectory` to the enclosing `capture_yielded_trajectory` (from code that cannot return it)."""
+    if not isinstance(trajectory, Trajectory):
+        raise TypeError(f"yield_trajectory takes an art.Trajectory (got {type(trajectory).__name__})")
     slot = _yielded.get()
     if slot is None:
         raise RuntimeError("yield_trajectory is called outside `await art.capture_yielded_trajectory(...)`")
-    slot.append(value)
+    slot.append(trajectory)
 
 
 async def capture_yielded_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Trajectory:

@@ -251,6 +251,33 @@ class TrainConfig(_Strict):
         "in the history, still without a new checkpoint. Groups with equal rewards are not 'nothing': their "
         "step advances without an update",
     )
+    # ART 0.5.23's TrainConfig fields: accepted, so ART code constructs; resolve_train_config says which do nothing
+    kl_penalty_source: Literal["current_learner", "sample"] = Field(
+        default="current_learner",
+        description="ART: which logprobs its KL-shaped advantages compare with the reference. The KL here is a "
+        "k3 loss term on the learner's own logprobs ('current_learner'); 'sample' is reported as ignored",
+    )
+    grad_accumulation_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description="ART: packed sequences per optimizer step, so one ART train call may take several. A "
+        "train call here is one optimizer step over the whole batch (micro_batch_tokens only splits it for "
+        "memory), so a value is reported as ignored",
+    )
+    optimizer_save_interval: int = Field(
+        default=5,
+        ge=1,
+        description="ART: save the optimizer state every N steps. Here optimizer.pt is written with every "
+        "checkpoint (a failed step or a restart resumes with AdamW's moments), so other values are reported "
+        "as ignored",
+    )
+    final_training_step: int | None = Field(
+        default=None,
+        ge=1,
+        description="ART: the run's last step, at which its backends save the optimizer state whatever "
+        "optimizer_save_interval says. Every step here saves it and is served when train() returns, so there "
+        "is nothing left to do at the last step: accepted silently",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -315,20 +342,13 @@ _IGNORED: dict[str, tuple[tuple[Any, ...], str]] = {
         "every step commits its checkpoint (the engine serves it, and the step is a transaction around it); "
         "remove old ones with model.delete_checkpoints()",
     ),
-    "optimizer_save_interval": ((5,), "optimizer.pt is saved with every checkpoint"),
     "kl_ref_adapter_path": ((None,), _NO_REFERENCE_ADAPTER),
     "kl_penalty_reference_step": ((None,), _NO_REFERENCE_ADAPTER),
-    "kl_penalty_source": (
-        ("current_learner",),
-        "the KL here is a k3 loss term on the learner's own logprobs; 'sample' applies to ART's "
-        "KL-shaped advantages",
-    ),
     "kl_penalty_step_lag": ((None,), "a ServerlessBackend option"),
     "scale_learning_rate_by_reward_std_dev": (
         (False,),
         "it needs a regression over the run's reward history (ART's latest LocalBackend dropped it too)",
     ),
-    "grad_accumulation_sequences": ((None,), "a train call is one optimizer step over the whole batch"),
     "normalize_by_length": (
         (None, False),
         "the loss is a token mean over the whole batch, never per sequence",
@@ -338,6 +358,22 @@ _IGNORED: dict[str, tuple[tuple[Any, ...], str]] = {
     "moe_routing_replay_strict": ((None, True), _NO_MOE),
     "tinker_loss_fn": ((None,), "a TinkerBackend option"),
     "tinker_loss_fn_config": ((None,), "a TinkerBackend option"),
+}
+# ART's TrainConfig fields that change nothing here: field -> (does the resolved config ask for it?, why)
+_INERT_FIELDS: dict[str, tuple[Callable[[TrainConfig], bool], str]] = {
+    "kl_penalty_source": (
+        lambda c: c.kl_penalty_source == "sample" and c.kl_penalty_coef > 0,
+        "the KL here is a k3 loss term on the learner's own logprobs; 'sample' applies to ART's "
+        "KL-shaped advantages",
+    ),
+    "grad_accumulation_sequences": (
+        lambda c: c.grad_accumulation_sequences is not None,
+        "a train call is one optimizer step over the whole batch; micro_batch_tokens splits it for memory only",
+    ),
+    "optimizer_save_interval": (
+        lambda c: c.optimizer_save_interval != 5,
+        "optimizer.pt is saved with every checkpoint",
+    ),
 }
 # ART's LocalBackend raises unless these are None; so does artnb.
 _MUST_BE_NONE = {
@@ -354,7 +390,8 @@ def resolve_train_config(
 
     Each keyword is a TrainConfig field, an ART name for one (`beta` -> kl_penalty_coef, `normalize_advantages=
     False` -> scale_rewards=False, `ppo` -> loss_fn), or an ART knob with no meaning here: accepted, and if its
-    value asks for something artnb does not do, reported once per process by name. `loss_fn_config` and
+    value asks for something artnb does not do, reported once per process by name (so are ART's TrainConfig
+    fields that change nothing here, `kl_penalty_source="sample"`, however they were given). `loss_fn_config` and
     `adam_params` must be None, as in ART's LocalBackend. Unknown names raise TypeError listing the valid ones.
 
     >>> resolve_train_config(TrainConfig(learning_rate=1e-4), {"beta": 0.05}, {"ppo": True}).loss_fn
@@ -363,7 +400,11 @@ def resolve_train_config(
     values = config.model_dump(exclude_unset=True) if config is not None else {}
     values.update(_fields_from(dev_config or {}, "_config"))
     values.update(_fields_from(options, "keyword"))
-    return TrainConfig(**values)
+    resolved = TrainConfig(**values)
+    for name, (asked, why) in _INERT_FIELDS.items():
+        if asked(resolved):
+            report_ignored(f"train({name}=...)", why)
+    return resolved
 
 
 def _fields_from(given: Mapping[str, Any], source: str) -> dict[str, Any]:

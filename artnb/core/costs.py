@@ -93,6 +93,11 @@ class Activation:
         _active.reset(self._token)
 
 
+def active() -> CostLedger | None:
+    """The ledger activated in this context (`model.activate_metrics_context(...)`), or None."""
+    return _active.get()
+
+
 def activate(ledger: CostLedger) -> Activation:
     """`with activate(ledger):` costs recorded inside the block (and tasks started in it) go to `ledger`."""
     return Activation(ledger)

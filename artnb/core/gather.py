@@ -171,11 +171,7 @@ async def gather_trajectory_groups(
     check_max_exceptions(max_exceptions)
     items = _check_items(groups)
     total = sum(len(g) if isinstance(g, (PendingGroup, TrajectoryGroup)) else 1 for g in items)
-    if pbar_total_completion_tokens:
-        report_ignored(
-            "gather_trajectory_groups(pbar_total_completion_tokens=True)",
-            "deprecated in ART too; the bar counts rollouts and shows running means",
-        )
+    _report_completion_tokens_flag("gather_trajectory_groups", pbar_total_completion_tokens)
     progress = RolloutProgress(total, pbar_desc, max_exceptions, max_metrics)
     failures: list[AfterEachFailure] = []
     token = active_progress.set(progress)
@@ -216,13 +212,24 @@ async def gather_trajectory_groups(
     return GatheredGroups((g for gs in nested for g in gs), failures)
 
 
+def _report_completion_tokens_flag(function: str, asked: bool) -> None:
+    if asked:
+        report_ignored(
+            f"{function}(pbar_total_completion_tokens=True)",
+            "deprecated in ART too; the bar counts rollouts and shows running means",
+        )
+
+
 async def gather_trajectories(
     trajectories: Iterable[Awaitable[Trajectory | list[Trajectory]]],
     *,
     pbar_desc: str = "gather",
+    pbar_total_completion_tokens: bool = False,
     max_exceptions: int | float = 0,
 ) -> list[Trajectory | list[Trajectory] | BaseException]:
-    """Like gather_trajectory_groups for bare rollouts; tolerated failures are returned in place."""
+    """Like gather_trajectory_groups for bare rollouts; tolerated failures are returned in place.
+    `pbar_total_completion_tokens`: ART's deprecated flag, accepted and reported once, as there."""
+    _report_completion_tokens_flag("gather_trajectories", pbar_total_completion_tokens)
     items = list(trajectories)
     progress = RolloutProgress(len(items), pbar_desc, max_exceptions)
 

@@ -13,7 +13,8 @@ import asyncio
 import inspect
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -80,7 +81,9 @@ class Model(BaseModel, Generic[ModelConfig]):
     id: str | None = None
     run_id: str | None = None
     report_metrics: list[str] | None = None  # "wandb", "trackio"; None: W&B when WANDB_API_KEY is set
-    run_name: str | None = None  # the run's display name in W&B and Trackio (default: `name`)
+    # the run: its directory under {base_path}/{project}/models/ and its W&B and Trackio name (default: `name`,
+    # which stays the name the model is served under), as in ART 0.5.2x
+    run_name: str | None = None
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: Any = PrivateAttr(default=None)
     _client_key: tuple | None = PrivateAttr(default=None)
@@ -92,6 +95,17 @@ class Model(BaseModel, Generic[ModelConfig]):
     @classmethod
     def _safe_folder_name(cls, value: str, info: Any) -> str:
         return check_name(value, info.field_name)
+
+    @field_validator("run_name")
+    @classmethod
+    def _safe_run_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value, "run_name")
+
+    @property
+    def storage_name(self) -> str:
+        """The name of the run directory, `{base_path}/{project}/models/{storage_name}`: `run_name` when given
+        (ART 0.5.2x: a fresh run under the same served name), else `name`."""
+        return self.run_name or self.name
 
     @field_validator("config", mode="wrap")
     @classmethod
@@ -128,12 +142,15 @@ class Model(BaseModel, Generic[ModelConfig]):
                 http_client=self._http_client(),
             )
             self._client_key = key
-            if not self.trainable:  # a hosted model: count its tokens and price under costs/model/{name}
-                _count_costs(
-                    self._openai_client, f"model/{self.name}", self.inference_model_name, self._costs
-                )
+            self._count_client_costs(self._openai_client)
             self.reporting.client_created(self._openai_client)
         return self._openai_client
+
+    def _count_client_costs(self, client: AsyncOpenAI) -> None:
+        """A hosted model's calls: its tokens and price under costs/model/{name} (TrainableModel: see
+        set_cost_calculator)."""
+        if not self.trainable:
+            _count_costs(client, f"model/{self.name}", self.inference_model_name, self._costs)
 
     @property
     def reporting(self) -> ModelReporting:
@@ -158,13 +175,38 @@ class Model(BaseModel, Generic[ModelConfig]):
             self._costs.cost_context = cost_context
         return self._costs
 
-    def activate_metrics_context(self, context: MetricsBuilder | str | None = None) -> costs.Activation:
+    def activate_metrics_context(
+        self, context: MetricsBuilder | str | None = None, *, cost_context: str | None = None
+    ) -> costs.Activation:
         """Make API spend recorded from here on (RULER, `art.metrics.track_api_cost`) this model's: in a
         `with` block until it ends, or, called alone (ART's style), for the rest of the current task.
-        `context` is a builder, or ART's cost-context name ("train", "eval") for this model's own builder."""
+        `context` is a builder, or a cost-context name ("train", "eval") for this model's own builder;
+        `cost_context=` is ART's keyword for the name."""
+        if cost_context is not None:
+            if context is not None:
+                raise TypeError(
+                    "activate_metrics_context takes a builder or name as `context` or a name as `cost_context`, "
+                    "not both"
+                )
+            context = cost_context
         if context is None or isinstance(context, str):
             context = self.metrics_builder(context)
         return costs.Activation(context)
+
+    def backend(self) -> Backend:
+        """The backend this model is registered with (ART's call); before `register`, a ValueError (ART's type)."""
+        if self._backend is None:
+            raise ValueError(
+                f"model {self.name!r} is not registered with a backend: call `await model.register(backend)` first"
+            )
+        return self._backend
+
+    def safe_model_dump(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """`model_dump(...)` with `config` set to None (ART's call): the user's config may hold values that do
+        not serialise, and what receives the dump needs the model's identity, not the rollout settings."""
+        data = self.model_dump(*args, **kwargs)
+        data["config"] = None
+        return data
 
     async def register(self, backend: Backend) -> None:
         """Attach this model to `backend`: a TrainableModel starts serving (engine, checkpoint resume); any model
@@ -209,7 +251,7 @@ class Model(BaseModel, Generic[ModelConfig]):
 
     @property
     def store(self) -> RunStore:
-        return RunStore(self.base_path, self.project, self.name)
+        return RunStore(self.base_path, self.project, self.storage_name)
 
     async def get_step(self) -> int:
         return 0
@@ -287,17 +329,35 @@ class Model(BaseModel, Generic[ModelConfig]):
             await self._merge_into_trained(self._trained, spent)
 
     def history(self):
-        """The logged history as a pandas DataFrame (one row per log call)."""
+        """The logged history as a pandas DataFrame: a row per training step and per `model.log` call (logging the
+        batch a step just trained merges into that step's row)."""
         return self.store.history()
 
-    def read_state(self) -> dict[str, Any]:
-        return self.store.read_state()
+    def read_state(self) -> dict[str, Any] | None:
+        """The state saved in the run directory (state.json), or None when none was saved yet (as in ART, so
+        that `if state := model.read_state():` tells a fresh run from a resumed one)."""
+        store = self.store
+        return store.read_state() if store.state_path.exists() else None
 
     def overwrite_state(self, state: dict[str, Any]) -> None:
+        """Replace the saved state with `state` (a dict of JSON values)."""
         self.store.write_state(state)
 
-    def merge_state(self, state: dict[str, Any]) -> None:
-        self.store.write_state(_deep_merge(self.store.read_state(), state))
+    def write_state(self, state: dict[str, Any]) -> None:
+        """Deprecated in ART: `overwrite_state` (replace) or `merge_state` (update). Replaces the state."""
+        warnings.warn(
+            "write_state() is deprecated: use overwrite_state() (replaces the state) or merge_state()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.overwrite_state(state)
+
+    def merge_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Deep-merge `state` into the saved state (nested dicts merge, other values replace); returns the
+        merged state as saved."""
+        merged = _deep_merge(self.read_state() or {}, state)
+        self.store.write_state(merged)
+        return merged
 
 
 class TrainableModel(Model[ModelConfig]):
@@ -316,6 +376,7 @@ class TrainableModel(Model[ModelConfig]):
     _temperature_annealer: Any = PrivateAttr(default=None)  # ART's LinearTemperatureAnnealer (temperature.py)
     _default_temperature: float | None = PrivateAttr(default=None)
     _temperature_task: Any = PrivateAttr(default=None)  # the task sending a default set after register
+    _cost_calculator: CostCalculator | None = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -332,11 +393,44 @@ class TrainableModel(Model[ModelConfig]):
         self._internal_config = check_internal_config(_internal_config)
 
     @property
+    def cost_calculator(self) -> CostCalculator:
+        """ART's calculator of this model's inference costs (see set_cost_calculator); one that prices nothing
+        until one is set."""
+        return self._cost_calculator or _no_costs
+
+    def set_cost_calculator(self, calculator: CostCalculator | None) -> None:
+        """Price this model's own chat completions (ART's call), e.g. what a hosted trainer bills per token.
+
+        Each non-streamed completion made through `openai_client()` while a metrics context is active
+        (`model.activate_metrics_context("train")`) calls `calculator(prompt_tokens, completion_tokens,
+        cost_context)`: prompt tokens once per returned choice, the active context's name ("train", "eval").
+        Each `costs/<name>` key it returns adds its value in USD to that context as `costs/<name>/usd` (artnb's
+        cost names end in their kind); other keys are left out. None stops pricing."""
+        if calculator is not None and not callable(calculator):
+            raise TypeError(
+                f"set_cost_calculator takes a function (prompt_tokens, completion_tokens, cost_context) -> "
+                f"{{'costs/<name>': usd}}, or None (got {type(calculator).__name__})"
+            )
+        self._cost_calculator = calculator
+
+    def _count_client_costs(self, client: AsyncOpenAI) -> None:
+        _count_calculated_costs(client, self)
+
+    @property
     def internal_config(self) -> Mapping[str, Any] | None:
         """What ART's `_internal_config` asks for (None when nothing), for the backend to apply."""
         return self._internal_config
 
-    async def register(self, backend: Backend) -> None:
+    async def register(
+        self, backend: Backend, _openai_client_config: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start serving this model on `backend` (see Model.register). ART's `_openai_client_config`
+        (`art.dev.OpenAIServerConfig`: how ART starts its vLLM server) is honoured for its `engine_args`,
+        which join `_internal_config["engine_args"]` (winning over the same keys there); its `server_args`
+        and `log_file` are reported as ignored: artnb's engines choose their own host, port, key, parsers
+        and log file."""
+        if _openai_client_config is not None:
+            self._internal_config = _with_server_config(self._internal_config, _openai_client_config)
         await super().register(backend)
         await self._send_default_temperature()
 
@@ -422,6 +516,7 @@ class TrainableModel(Model[ModelConfig]):
         config: TrainSFTConfig | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
         **options: Any,
     ) -> TrainResult:
         """Supervised fine-tuning on the trajectories' assistant turns (one optimizer step per `batch_size`
@@ -432,6 +527,10 @@ class TrainableModel(Model[ModelConfig]):
         `_config` is a dict of TrainSFTConfig fields (ART's experimental `dev.TrainSFTConfig`), and keyword
         `options` override fields too (`learning_rate=1e-4, batch_size=4`); `verbose` prints a summary. Returns the TrainResult (ART returns None). For a JSONL file or a learning-rate schedule see
         `artnb.utils.sft.train_sft_from_file` and `create_sft_dataset_iterator`.
+
+        `log_metrics=False` (ART's) keeps the step's metrics out of W&B, Trackio and Langfuse. The step still
+        commits, and its history row is still written to history.jsonl: it is part of the step's commit
+        record (which tells the next step that the optimizer last made an SFT update).
         """
         from .sft import sft_step_line
 
@@ -439,8 +538,13 @@ class TrainableModel(Model[ModelConfig]):
         if _config is not None:
             options["_config"] = _config
         request = SFTRequest.build(trajectories, config, options)
+        if not log_metrics:
+            report_ignored(
+                "train_sft(log_metrics=False) for history.jsonl",
+                "an SFT step's history row is part of its commit; it is only kept from W&B, Trackio and Langfuse",
+            )
         outcome = await backend.train_sft_step(self, request)
-        if outcome.committed is not None:
+        if outcome.committed is not None and log_metrics:
             self.reporting.row_logged(outcome.committed.row, config=request.config)
         if verbose:
             print(sft_step_line(outcome.result.step, outcome.result.metrics, len(request.trajectories)))
@@ -534,6 +638,35 @@ def _group_fix(item: Any) -> str:
     if isinstance(item, Mapping):
         return "make each rollout an art.Trajectory(messages_and_choices=[...], reward=...)"
     return "pass the groups that `await art.gather_trajectory_groups([...])` returns"
+
+
+def _with_server_config(
+    internal: Mapping[str, Any] | None, server_config: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """`internal` (an `_internal_config`) with the engine_args of ART's OpenAIServerConfig merged in."""
+    if not isinstance(server_config, Mapping):
+        raise TypeError(
+            f"_openai_client_config takes art.dev.OpenAIServerConfig(engine_args=..., server_args=...), a dict "
+            f"(got {type(server_config).__name__})"
+        )
+    for key in sorted(set(server_config) - {"engine_args"}):
+        report_ignored(
+            f"register(_openai_client_config={{{key!r}: ...}})",
+            "artnb's engines choose their own host, port, API key, tool parsers and log file"
+            if key in ("server_args", "log_file")
+            else "OpenAIServerConfig has log_file, server_args and engine_args; only engine_args apply here",
+        )
+    engine_args = server_config.get("engine_args")
+    if not engine_args:
+        return check_internal_config(internal)
+    if not isinstance(engine_args, Mapping):
+        raise TypeError(
+            f"_openai_client_config['engine_args'] takes a dict, e.g. art.dev.EngineArgs(enforce_eager=True) "
+            f"(got {type(engine_args).__name__})"
+        )
+    merged = dict(internal or {})
+    merged["engine_args"] = {**merged.get("engine_args", {}), **engine_args}
+    return check_internal_config(merged)
 
 
 def _train_batch(trajectory_groups: Any) -> Any:
@@ -637,6 +770,39 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for k, v in b.items():
         out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+CostCalculator = Callable[[int | None, int | None, str], Mapping[str, float]]
+
+
+def _no_costs(
+    prompt_tokens: int | None, completion_tokens: int | None, cost_context: str
+) -> dict[str, float]:
+    return {}
+
+
+def _count_calculated_costs(client: Any, model: TrainableModel) -> None:
+    """Price each (non-streamed) chat completion `client` makes with `model`'s cost calculator, read at each
+    call, so that a calculator set after the client was made counts too."""
+    create = client.chat.completions.create
+
+    async def priced(*args: Any, **kwargs: Any) -> Any:
+        response = await create(*args, **kwargs)
+        calculator, ledger = model._cost_calculator, costs.active()
+        context = getattr(ledger, "cost_context", None)
+        usage = getattr(response, "usage", None)
+        if calculator is None or ledger is None or not context or usage is None:
+            return response  # ART prices only inside a named metrics context
+        choices = max(len(getattr(response, "choices", None) or []), 1)
+        priced_costs = calculator(
+            (usage.prompt_tokens or 0) * choices, usage.completion_tokens or 0, context.strip("/")
+        )
+        for key, usd in priced_costs.items():
+            if key.startswith("costs/"):
+                ledger.add(key.removeprefix("costs/"), usd=float(usd), requests=0)
+        return response
+
+    client.chat.completions.create = priced
 
 
 def _count_costs(client: Any, source: str, model_name: str | None, ledger: MetricsBuilder) -> None:

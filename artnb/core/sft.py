@@ -235,9 +235,11 @@ def tokenize_sft_trajectory(
     *,
     assistant_turns: Literal["all", "last"] = "all",
     index: int = 0,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[TokenizedSequence]:
     """One sequence per history (the messages, then each additional history) with the assistant turns as the
-    trainable tokens. ValueError naming the trajectory when a history has no assistant turn.
+    trainable tokens, rendered with the chat template's variables `template_kwargs` (as in RL). ValueError
+    naming the trajectory when a history has no assistant turn.
     """
     out = []
     for hi, history in enumerate(trajectory.histories()):
@@ -251,7 +253,11 @@ def tokenize_sft_trajectory(
         if assistant_turns == "last":
             turns = turns[-1:]
         tools = history.tools if history.tools is not None else trajectory.tools
-        out.append(tokenize_history(tokenizer, history, tools, turns, 1.0, 0, index, where))
+        out.append(
+            tokenize_history(
+                tokenizer, history, tools, turns, 1.0, 0, index, where, template_kwargs=template_kwargs
+            )
+        )
     return out
 
 
@@ -261,10 +267,12 @@ def tokenize_sft(
     config: TrainSFTConfig,
     *,
     max_seq_length: int | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> SFTBatches:
     """Cut `trajectories` into batches of `config.batch_size` (by position), tokenise them, and drop sequences
     longer than `max_seq_length` (one warning with the count). A batch left empty is skipped with its
     learning rate. Raises before tokenising when the learning-rate list does not fit the number of batches.
+    `template_kwargs`: the chat template's variables (the model's `_internal_config["chat_template_kwargs"]`).
     """
     size = config.resolved_batch_size()
     chunks = [list(trajectories[i : i + size]) for i in range(0, len(trajectories), size)]
@@ -277,7 +285,11 @@ def tokenize_sft(
         batch = []
         for trajectory in chunk:
             for seq in tokenize_sft_trajectory(
-                tokenizer, trajectory, assistant_turns=config.assistant_turns, index=index
+                tokenizer,
+                trajectory,
+                assistant_turns=config.assistant_turns,
+                index=index,
+                template_kwargs=template_kwargs,
             ):
                 if max_seq_length is not None and len(seq.token_ids) > max_seq_length:
                     dropped.append(f"{_where(index, trajectory, None)}: {len(seq.token_ids)} tokens")

@@ -46,7 +46,7 @@ import pandas as pd
 
 from .atomic import append_line, disk_full, publish_dir, write_atomic
 from .names import check_name, check_split, check_step
-from .trajectory import Trajectory, TrajectoryGroup
+from .trajectory import History, Trajectory, TrajectoryGroup
 
 log = logging.getLogger("artnb")
 
@@ -467,6 +467,9 @@ def _rollout_frame(groups: Iterable[TrajectoryGroup]) -> pd.DataFrame:
                     "logs": rec["logs"],
                     "tools": json.dumps(rec["tools"], default=str),
                     "messages": json.dumps(rec["messages"], default=str, ensure_ascii=False),
+                    "additional_histories": json.dumps(
+                        rec["additional_histories"], default=str, ensure_ascii=False
+                    ),
                     "group_metadata": json.dumps(group.metadata, default=str),
                     "group_exceptions": json.dumps([e.model_dump() for e in group.exceptions]),
                 }
@@ -476,7 +479,7 @@ def _rollout_frame(groups: Iterable[TrajectoryGroup]) -> pd.DataFrame:
 
 _ROLLOUT_COLUMNS = [
     "group_index", "trajectory_index", "reward", "metrics", "metadata", "logs", "tools", "messages",
-    "group_metadata", "group_exceptions",
+    "additional_histories", "group_metadata", "group_exceptions",
 ]  # fmt: skip
 
 
@@ -487,8 +490,11 @@ def _parquet_bytes(df: pd.DataFrame) -> bytes:
 def read_rollouts(path: str | Path) -> list[TrajectoryGroup]:
     """Groups from a rollouts parquet file (as `write_trajectories` writes them)."""
     df = pd.read_parquet(path)
+    # files written before the histories were kept lack them (or, appended to since, hold rows without)
+    df["additional_histories"] = df.get("additional_histories", pd.Series(index=df.index, dtype=object))
+    df["additional_histories"] = df["additional_histories"].fillna("[]")
     groups = []
-    columns = ["messages", "reward", "metrics", "metadata", "logs", "tools"]
+    columns = ["messages", "reward", "metrics", "metadata", "logs", "tools", "additional_histories"]
     for _, rows in df.groupby("group_index", sort=True):
         trajs = [
             Trajectory(
@@ -498,8 +504,12 @@ def read_rollouts(path: str | Path) -> list[TrajectoryGroup]:
                 metadata=json.loads(metadata),
                 logs=list(logs),
                 tools=json.loads(tools),
+                additional_histories=[
+                    History(messages_and_choices=h["messages"], tools=h["tools"])
+                    for h in json.loads(histories)
+                ],
             )
-            for messages, reward, metrics, metadata, logs, tools in rows[columns].itertuples(
+            for messages, reward, metrics, metadata, logs, tools, histories in rows[columns].itertuples(
                 index=False, name=None
             )
         ]

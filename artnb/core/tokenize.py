@@ -7,7 +7,10 @@ Design choices, and why:
   sampling logprobs belong to other tokens; that drift is known to break RL convergence.
 - The conversation is rendered by the tokenizer's own chat template, with each trainable turn's content replaced
   by a placeholder that is a single added special token (`<|artnb_turn_0|>`, ... on a cached copy of the
-  tokenizer), so the placeholder cannot merge with its neighbours and every one is found exactly once.
+  tokenizer), so the placeholder cannot merge with its neighbours and every one is found exactly once. The
+  template's variables (`template_kwargs`: `_internal_config["chat_template_kwargs"]`, e.g. Qwen3's
+  `enable_thinking`) are the ones the engine rendered the prompts with, or the tokens trained are not the ones
+  sampled from; a configured template text is set on the tokenizer itself when the model is set up.
 - The end-of-turn token: when the sampled ids end with the tokens the template writes after the content (the EOS
   the model sampled), the sampled copy stays trainable (the model must learn to stop) and the template's copy is
   dropped. A turn stopped for length keeps the template's end-of-turn token as context.
@@ -25,8 +28,8 @@ import re
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from openai.types.chat.chat_completion import Choice
@@ -180,10 +183,21 @@ def _without_turns(trajectory: Trajectory) -> int:
     return sum(not any(map(_is_assistant, h.messages_and_choices)) for h in trajectory.histories())
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Any, where: str) -> str:
+def _render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: Any,
+    where: str,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The conversation as the chat template writes it, with `template_kwargs` (the model's
+    `_internal_config["chat_template_kwargs"]`, which the engine rendered the prompts with) as its variables."""
     try:
         # tokenize=False returns the text (transformers types the call's every return kind)
-        return cast(str, tokenizer.apply_chat_template(messages, tools=tools, tokenize=False))
+        return cast(
+            str,
+            tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **(template_kwargs or {})),
+        )
     except Exception as e:
         raise ValueError(
             f"{where}: the chat template could not render the conversation ({type(e).__name__}: {e}). "
@@ -208,14 +222,18 @@ def tokenize_history(
     gi: int,
     ti: int,
     where: str,
+    *,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> TokenizedSequence:
+    """One history's tokens, trainable mask and logprobs, rendered with the template's variables
+    `template_kwargs` (as the engine rendered the prompts)."""
     holders = _placeholders(tokenizer, len(turns))
     marks = [_PLACEHOLDER.format(n) for n in range(len(turns))]
     items = history.messages_and_choices[: turns[-1].item + 1]
     messages = [x if isinstance(x, dict) else choice_to_message(x) for x in items]
     for n, turn in enumerate(turns):
         messages[turn.item] = {"role": "assistant", "content": marks[n]}
-    text = _render(tokenizer, messages, tools, where)
+    text = _render(tokenizer, messages, tools, where, template_kwargs)
 
     ids = holders.tokenizer.encode(text, add_special_tokens=False)
     slot = {pid: n for n, pid in enumerate(holders.ids[: len(turns)])}
@@ -247,7 +265,7 @@ def tokenize_history(
         else:
             add(
                 tokenizer.encode(
-                    _rendered_body(tokenizer, messages, tools, turn, text, marks[n], where),
+                    _rendered_body(tokenizer, messages, tools, turn, text, marks[n], where, template_kwargs),
                     add_special_tokens=False,
                 ),
                 True,
@@ -267,11 +285,12 @@ def _rendered_body(
     text: str,
     mark: str,
     where: str,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The text the template writes for `turn.message` (content, and tool calls if it renders them) at `mark`."""
     real = list(messages)
     real[turn.item] = turn.message
-    full = _render(tokenizer, real, tools, where)
+    full = _render(tokenizer, real, tools, where, template_kwargs)
     at = text.index(mark)
     before, after = text[:at], text[at + len(mark) :]
     if not (full.startswith(before) and full.endswith(after) and len(full) >= len(before) + len(after)):
@@ -291,8 +310,12 @@ def tokenize_trajectory(
     group_index: int = 0,
     trajectory_index: int = 0,
     allow_training_without_logprobs: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[TokenizedSequence]:
     """One TokenizedSequence for the trajectory's messages, then one per additional history, all with `advantage`.
+
+    `template_kwargs`: the chat template's variables (the model's `_internal_config["chat_template_kwargs"]`),
+    so that the conversation is rendered as the engine rendered it when sampling.
 
     A history with no assistant message at all (an agent that never got a turn) gives no sequence. Raises
     ValueError naming the group, trajectory and item when a history's assistant turns are message dicts (not
@@ -308,7 +331,15 @@ def tokenize_trajectory(
             continue
         out.append(
             tokenize_history(
-                tokenizer, history, tools, turns, advantage, group_index, trajectory_index, where
+                tokenizer,
+                history,
+                tools,
+                turns,
+                advantage,
+                group_index,
+                trajectory_index,
+                where,
+                template_kwargs=template_kwargs,
             )
         )
     return out
@@ -350,17 +381,21 @@ def tokenize_groups(
     scale_rewards: bool = True,
     allow_training_without_logprobs: bool = False,
     max_seq_length: int | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> TokenizedBatch:
     """Validate the whole batch, compute group advantages, and tokenise every trajectory that has a nonzero one.
 
     Raises before tokenising anything if a group has fewer than 2 trajectories and no failed rollouts (a loop
     built with one rollout per group), a reward is not finite, or a trajectory has no trainable turn. A group
     left with fewer than 2 because its other rollouts failed is left out with a warning (counted in
-    `num_groups_too_small`), as ART leaves it out. Sequences longer than `max_seq_length` are dropped with a warning.
+    `num_groups_too_small`), as ART leaves it out. A sequence longer than `max_seq_length` trains on its first
+    `max_seq_length` tokens (`_first_tokens`), with a warning; one with no sampled token among them is dropped.
+    `template_kwargs`: the chat template's variables, as in `tokenize_trajectory`.
     """
     _validate(tokenizer, groups, allow_training_without_logprobs)
     sequences: list[TokenizedSequence] = []
     zero = too_long = trainable_groups = without_turns = too_small = 0
+    truncated: list[int] = []  # the full lengths of sequences cut to max_seq_length
     rewards: list[float] = []
     stds: list[float] = []
     for gi, group in enumerate(groups):
@@ -393,18 +428,31 @@ def tokenize_groups(
                 group_index=gi,
                 trajectory_index=ti,
                 allow_training_without_logprobs=allow_training_without_logprobs,
+                template_kwargs=template_kwargs,
             )
             for hi, seq in enumerate(per_history):
                 if max_seq_length is not None and len(seq.token_ids) > max_seq_length:
-                    too_long += 1
-                    warnings.warn(
-                        f"{_where(gi, ti, hi - 1 if hi else None)} has {len(seq.token_ids)} tokens, more than "
-                        f"max_seq_length={max_seq_length}; it was dropped. Raise max_seq_length or shorten the rollout",
-                        stacklevel=2,
-                    )
-                    continue
+                    cut = _first_tokens(seq, max_seq_length)
+                    if cut is None:
+                        too_long += 1
+                        warnings.warn(
+                            f"{_where(gi, ti, hi - 1 if hi else None)} has {len(seq.token_ids)} tokens and no "
+                            f"sampled token among its first max_seq_length={max_seq_length}; it was dropped. Raise "
+                            "max_seq_length or shorten the rollout's prompt",
+                            stacklevel=2,
+                        )
+                        continue
+                    truncated.append(len(seq.token_ids))
+                    seq = cut
                 sequences.append(seq)
 
+    if truncated:
+        warnings.warn(
+            f"{len(truncated)} sequence(s) of up to {max(truncated)} tokens were longer than max_seq_length="
+            f"{max_seq_length} and train on their first {max_seq_length} tokens only (counted in "
+            "data/num_truncated_too_long). Raise max_seq_length, or shorten the rollouts, to train their ends",
+            stacklevel=2,
+        )
     num_trajectories = len(rewards)
     metrics = {
         "num_groups": float(len(groups)),
@@ -413,6 +461,7 @@ def tokenize_groups(
         "num_zero_advantage_skipped": float(zero),
         "num_groups_too_small": float(too_small),
         "num_dropped_too_long": float(too_long),
+        "num_truncated_too_long": float(len(truncated)),
         "num_histories_without_turns": float(without_turns),
         "num_sequences": float(len(sequences)),
         "num_trainable_tokens": float(sum(s.num_trainable_tokens() for s in sequences)),
@@ -426,6 +475,20 @@ def tokenize_groups(
         None
         if sequences
         else _skipped_reason(len(groups), zero, too_long, without_turns, len(rewards) - zero, too_small),
+    )
+
+
+def _first_tokens(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
+    """`seq` cut to its first `n` tokens, or None when no trainable token is left among them.
+
+    ART's LocalBackend drops a sequence longer than the trainer's limit, after the group's advantages were
+    computed with it: where the long rollouts were the group's successes (an agent that solved the task in
+    more turns), the step then trained only the failures' negative advantages. Cut, the long rollout keeps its
+    advantage on the turns that fit, as ART's own packing does when asked to truncate."""
+    if not any(seq.assistant_mask[:n]):
+        return None
+    return replace(
+        seq, token_ids=seq.token_ids[:n], assistant_mask=seq.assistant_mask[:n], logprobs=seq.logprobs[:n]
     )
 
 
@@ -449,7 +512,10 @@ def _skipped_reason(
             f"all {num_groups} group{'s' if num_groups != 1 else ''} had equal rewards within the group, so every "
             "advantage is 0; vary the scenario or the reward"
         )
-    reason = f"all {too_long} sequences with a nonzero advantage were longer than max_seq_length"
+    reason = (
+        f"all {too_long} sequences with a nonzero advantage had no sampled token within their first "
+        "max_seq_length tokens"
+    )
     if zero:
         reason += f" ({zero} trajectories had advantage 0)"
-    return reason + "; raise max_seq_length or shorten the rollouts"
+    return reason + "; raise max_seq_length or shorten the rollouts' prompts"

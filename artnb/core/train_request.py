@@ -9,15 +9,15 @@ no backend writes into a model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PlainValidator
 
 from .config import TrainConfig, resolve_train_config
 from .gather import AfterEachFailure, GatheredGroups
-from .trajectory import Trajectory, TrajectoryGroup
+from .trajectory import Trajectory, TrajectoryGroup, check_metadata
 
 if TYPE_CHECKING:
     from .sft import TrainSFTConfig  # sft.py imports transformers: not at `import artnb`
@@ -30,6 +30,11 @@ class TrainResult(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     checkpoint_path: str | None = None
     skipped: str | None = None  # why the step made no update (equal rewards, nothing to train on), if so
+    # ART's signal for a checkpoint still being written when train() returns (None: checkpoint_path is usable).
+    # A step here returns after its commit, so it is always None; ART code that awaits it when set works as is.
+    checkpoint_ready: Annotated[Awaitable[None] | None, PlainValidator(lambda v: v)] = Field(
+        default=None, exclude=True, repr=False
+    )
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class TrainRequest:
             raise TypeError(
                 "train() takes a list of art.TrajectoryGroup; await gather_trajectory_groups(...) first"
             )
+        for gi, group in enumerate(groups):
+            check_metadata(group.trajectories, then="Nothing was trained", group=gi)
         return cls(groups, resolved, None if failures is None else list(failures))
 
     def batch(self) -> list[TrajectoryGroup]:
@@ -91,6 +98,7 @@ class SFTRequest:
                 "art.Trajectory(messages_and_choices=[...]) or read a JSONL file with "
                 "artnb.utils.sft.train_sft_from_file"
             )
+        check_metadata(items, then="Nothing was trained")
         return cls(items, resolved)
 
 

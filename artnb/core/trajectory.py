@@ -130,7 +130,9 @@ class Trajectory(History):
 
     reward: float = 0.0
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
-    metadata: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
+    # any JSON value (as in ART): checked when the trajectory is logged or trained (metadata_problem), since
+    # rollouts also fill it in after construction
+    metadata: dict[str, Any] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     additional_histories: list[History] = Field(default_factory=list)
     # The trained step (policy version) serving when the rollout began and when it ended; PipelineTrainer sets
@@ -174,25 +176,34 @@ class Trajectory(History):
         return [self, *self.additional_histories]
 
     def for_logging(self) -> dict[str, Any]:
-        """A JSON-friendly record: messages flagged `trainable`, per-token logprobs of trainable turns kept."""
-        messages = []
-        for item in self.messages_and_choices:
-            if isinstance(item, Choice):
-                m = choice_to_message(item)
-                m["trainable"] = True
-                if item.logprobs and item.logprobs.content:
-                    m["logprobs"] = [{"token": t.token, "logprob": t.logprob} for t in item.logprobs.content]
-                messages.append(m)
-            else:
-                messages.append({**item, "trainable": False})
+        """A JSON-friendly record: messages flagged `trainable`, per-token logprobs of trainable turns kept, and
+        each additional history (a self-play opponent, a sub-agent) the same way."""
         return {
             "reward": self.reward,
             "metrics": dict(self.metrics),
             "metadata": dict(self.metadata),
             "logs": list(self.logs),
             "tools": self.tools,
-            "messages": messages,
+            "messages": _logged_messages(self.messages_and_choices),
+            "additional_histories": [
+                {"messages": _logged_messages(h.messages_and_choices), "tools": h.tools}
+                for h in self.additional_histories
+            ],
         }
+
+
+def _logged_messages(items: list[Any]) -> list[dict[str, Any]]:
+    messages = []
+    for item in items:
+        if isinstance(item, Choice):
+            m = choice_to_message(item)
+            m["trainable"] = True
+            if item.logprobs and item.logprobs.content:
+                m["logprobs"] = [{"token": t.token, "logprob": t.logprob} for t in item.logprobs.content]
+            messages.append(m)
+        else:
+            messages.append({**item, "trainable": False})
+    return messages
 
 
 class ExceptionRecord(BaseModel):
@@ -218,6 +229,10 @@ class TrajectoryGroup(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
+
+    def log(self, message: str) -> None:
+        """Add a line to the group's `logs` (ART's call), recorded with the group's rollouts."""
+        self.logs.append(message)
 
     @overload
     def __new__(
@@ -392,16 +407,70 @@ def trajectory_problem(
         else:
             fix = "Set the reward to a number (e.g. 1.0 for a win, 0.0 for a loss)"
         return f"{where} has reward {trajectory.reward!r}; {problem}. {fix}"
-    return metrics_problem(where, trajectory.metrics)
+    return metrics_problem(where, trajectory.metrics) or metadata_problem(where, trajectory.metadata)
+
+
+def metadata_problem(where: str, metadata: Any) -> str | None:
+    """Why `metadata` (of a trajectory, named by `where`) would not come back from the run directory or a
+    remote server as it was given, or None. Any JSON value is fine (nested dicts and lists too); numpy scalars
+    count as numbers (check_trajectories makes them Python numbers)."""
+    if not isinstance(metadata, Mapping):
+        return (
+            f"{where} has metadata {metadata!r:.80} (got {type(metadata).__name__}); metadata must be a dict "
+            "of name -> JSON value, e.g. {'scenario': 'easy-3', 'tags': ['a']}"
+        )
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            return (
+                f"{where} has a metadata key {key!r} (got {type(key).__name__}); name metadata with strings"
+            )
+        path = _not_json(value, f"metadata[{key!r}]")
+        if path is not None:
+            bad, kind = path
+            return (
+                f"{where} has {bad} of type {kind}, which JSON cannot hold, so it would not come back from the "
+                "run directory as it was; store a JSON value instead (str, number, bool, None, or lists and "
+                "dicts with string keys of those): e.g. str(value), value.isoformat() for a date, or "
+                "value.model_dump(mode='json') for a pydantic model"
+            )
+    return None
+
+
+def _not_json(value: Any, path: str) -> tuple[str, str] | None:
+    """(where, type name) of the first part of `value` that is not a JSON value, or None."""
+    if value is None or isinstance(value, (str, bool, int, float)) or real_number(value) is not None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (_not_json(v, f"{path}[{i}]") for i, v in enumerate(value))), None)
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{path} key {k!r}", type(k).__name__
+            if (found := _not_json(v, f"{path}[{k!r}]")) is not None:
+                return found
+        return None
+    return path, type(value).__name__
+
+
+def _plain_json(value: Any) -> Any:
+    """`value` with numpy scalars as Python numbers and tuples as lists: what reading it back gives."""
+    if isinstance(value, Mapping):
+        return {k: _plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_json(v) for v in value]
+    if value is None or type(value) in (str, bool, int, float):
+        return value
+    number = real_number(value)
+    return value if number is None else number
 
 
 def check_trajectories(
     groups: Iterable[TrajectoryGroup], then: str = "Nothing was trained", for_training: bool = True
 ) -> None:
     """Raise a ValueError naming the group, trajectory and key if a reward is not a number (for training: not a
-    finite number of a size training can compare), or a metric (of a trajectory or group) is not a number.
-    `then` ends the message (what was not done). When all is well, numpy scalars among rewards and metrics
-    become Python numbers."""
+    finite number of a size training can compare), a metric (of a trajectory or group) is not a number, or a
+    trajectory's metadata is not JSON. `then` ends the message (what was not done). When all is well, numpy
+    scalars among rewards, metrics and metadata become Python numbers (and tuples in metadata lists)."""
     groups = list(groups)
     for gi, group in enumerate(groups):
         problems = (trajectory_problem(gi, ti, t, for_training) for ti, t in enumerate(group.trajectories))
@@ -413,6 +482,17 @@ def check_trajectories(
         for t in group.trajectories:
             t.reward = float(t.reward)
             _plain_numbers(t.metrics)
+            t.metadata = _plain_json(t.metadata)
+
+
+def check_metadata(trajectories: Iterable[Trajectory], then: str, group: int | None = None) -> None:
+    """`metadata_problem` as a ValueError for the first trajectory (of group `group`) that has one, ending with
+    `then`. A train request checks this where it is made: on its way to a remote server a non-JSON value would
+    become text."""
+    prefix = "" if group is None else f"group {group}, "
+    for i, trajectory in enumerate(trajectories):
+        if (problem := metadata_problem(f"{prefix}trajectory {i}", trajectory.metadata)) is not None:
+            raise ValueError(f"{problem}. {then}.")
 
 
 def _plain_numbers(metrics: dict[str, Any]) -> None:

@@ -109,7 +109,9 @@ class InternalModelConfig(TypedDict, total=False):
     peft_args: PeftArgs
     trainer_args: TrainerArgs
     torchtune_args: dict[str, Any]
-    chat_template_kwargs: dict[str, Any]
+    chat_template_kwargs: dict[str, Any]  # the template's variables, e.g. {"enable_thinking": False}
+    chat_template: str  # template text; or chat_template_path: a file holding it (engines and trainer use it)
+    chat_template_path: str
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
 
@@ -148,11 +150,75 @@ class ServerArgs(TypedDict, total=False):
 
 
 class OpenAIServerConfig(TypedDict, total=False):
-    """`model.register(backend, _openai_client_config=...)`: engine_args are handled as in InternalModelConfig."""
+    """`model.register(backend, _openai_client_config=...)`: its engine_args join the model's
+    `_internal_config["engine_args"]`; server_args and log_file are reported as ignored."""
 
     log_file: str
     server_args: ServerArgs
     engine_args: EngineArgs
+
+
+class SFTMetricLoggingConfig(TypedDict, total=False):
+    """ART's `_config["metric_logging"]` of train_sft: accepted; every SFT step records its metrics here."""
+
+    enabled: bool
+    target_training_step: int
+
+
+class TrainSFTConfig(TypedDict, total=False):
+    """`model.train_sft(trajectories, _config=...)` as a dict: the fields of `art.TrainSFTConfig` (whose
+    docs say what each does), and ART's `metric_logging`."""
+
+    learning_rate: float | list[float]
+    batch_size: int | Literal["auto"]
+    assistant_turns: Literal["all", "last"]
+    max_seq_length: int | None
+    max_grad_norm: float
+    weight_decay: float
+    micro_batch_tokens: int
+    metric_logging: SFTMetricLoggingConfig
+
+
+class VllmRuntimeArgs(TypedDict, total=False):
+    """ART's `_internal_config["vllm_runtime"]` (an external vLLM server for ART to drive): accepted and
+    reported as ignored, since artnb's LocalBackend always starts and manages its own engine."""
+
+    mode: Literal["managed", "external"]
+    server_url: str
+    api_key: str | None
+    local_checkpoint_root: str | None
+    server_checkpoint_root: str | None
+    health_timeout_s: float
+
+
+def get_openai_server_config(
+    model_name: str,
+    base_model: str,
+    log_file: str,
+    lora_path: str | None = None,
+    config: OpenAIServerConfig | None = None,
+) -> OpenAIServerConfig:
+    """ART's builder of its vLLM server's config, for `model.register(backend, _openai_client_config=...)`:
+    `config`'s own settings, with `log_file` unless `config` names one.
+
+    ART also fills in the served model names, the LoRA module of `lora_path` and its tool parser; artnb's
+    engines decide those themselves (a model is served as `name` and `name@step`), so they are left out:
+    what the result carries is what you set. `model_name`, `base_model` and `lora_path` are checked to be
+    what ART takes (names and a path, as text)."""
+    for label, value in (("model_name", model_name), ("base_model", base_model), ("log_file", log_file)):
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"get_openai_server_config: {label} takes a non-empty string (got {value!r:.60})")
+    if lora_path is not None and not isinstance(lora_path, str):
+        raise TypeError(
+            f"get_openai_server_config: lora_path takes a path string or None (got {lora_path!r:.60})"
+        )
+    given: OpenAIServerConfig = config or OpenAIServerConfig()
+    out = OpenAIServerConfig(log_file=given.get("log_file", log_file))
+    if "server_args" in given:
+        out["server_args"] = ServerArgs(**given["server_args"])
+    if "engine_args" in given:
+        out["engine_args"] = EngineArgs(**given["engine_args"])
+    return out
 
 
 __all__ = [
@@ -163,8 +229,12 @@ __all__ = [
     "LoRAConfig",
     "OpenAIServerConfig",
     "PeftArgs",
+    "SFTMetricLoggingConfig",
     "ServerArgs",
     "TrainConfig",
+    "TrainSFTConfig",
     "TrainerArgs",
+    "VllmRuntimeArgs",
+    "get_openai_server_config",
     "resolve_internal_config",
 ]

@@ -3,9 +3,11 @@
 `resolve_internal_config` turns the dict into `InternalSettings`, which LocalBackend applies: the LoRA shape, the
 trainer's options, the longest sequence trained, vLLM command-line flags (used when vLLM serves; the HF engine
 has no such knobs) and, on CUDA, changes to the card's GPU preset (backends/gpu_presets.py): `max_seq_length`,
-`gpu_memory_utilization`, `load_in_4bit` (Unsloth's 4-bit loading) and `enforce_eager` override the preset's. Keys
-with no meaning here (GPU-only settings on a CPU, flags vLLM no longer has) are accepted and reported once each by
-`report_ignored`. A near miss of a key ART lists in full (the top level, `init_args`, LoRA's: `max_seq_len`) is
+`gpu_memory_utilization`, `load_in_4bit` (Unsloth's 4-bit loading) and `enforce_eager` override the preset's.
+`chat_template` (or `chat_template_path`) and `chat_template_kwargs` are given to both engines as server-side
+defaults (so every client, not only `model.openai_client()`, gets them) and to the trainer's tokenisation, so
+what is trained is rendered as what was sampled. Keys with no meaning here (GPU-only settings on a CPU, flags vLLM
+no longer has, `chat_template_content_format`) are accepted and reported once each by `report_ignored`. A near miss of a key ART lists in full (the top level, `init_args`, LoRA's: `max_seq_len`) is
 an error with the nearest names (in engine_args and trainer_args, whose options are vLLM's and TRL's, it is said
 in the warning), and so is a value of the wrong type or range, named as it was written (`_internal_config["init_args"]["max_seq_length"]`).
 ART's dedicated mode (`trainer_gpu_ids` with `inference_gpu_ids`) is checked here on any machine and placed on
@@ -14,9 +16,12 @@ CUDA by backends/model_setup.py (backends/placement.py says how).
 
 from __future__ import annotations
 
+import json
 import numbers
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.config import (
@@ -85,10 +90,19 @@ ART_INIT_ARGS = frozenset(
     disable_log_stats enable_prefix_caching use_async load_in_fp8""".split()
 )
 _HONOURED = {
-    "_internal_config": ["init_args", "engine_args", "lora_config", "peft_args", "trainer_args"],
+    "_internal_config": [
+        *("init_args", "engine_args", "lora_config", "peft_args", "trainer_args"),
+        *("chat_template_kwargs", "chat_template", "chat_template_path"),
+    ],
     "init_args": ["max_seq_length", "use_gradient_checkpointing", "random_state", "max_lora_rank"],
     "trainer_args": ["gradient_checkpointing", "seed", "placement"],
 }
+# apply_chat_template's own arguments (and the template's `messages`), which the engines and the trainer set
+# per call: as chat_template_kwargs they would clash with those or silently change every rendering.
+_RENDER_ARGUMENTS = frozenset(
+    """conversation messages tools documents chat_template add_generation_prompt continue_final_message tokenize
+    padding truncation max_length return_tensors return_dict return_assistant_tokens_mask tokenizer_kwargs""".split()
+)
 # TrainConfig.max_seq_length's own bound: a shorter limit leaves no room for a prompt and a reply
 MIN_SEQ_LENGTH = 16
 
@@ -108,6 +122,10 @@ class InternalSettings:
     dedicated_gpus: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     engine_parallel: tuple[int, int] | None = None  # engine_args' (tensor, pipeline) parallel sizes, if given
     placement: Placement | None = None  # where vLLM and the trainer go on the GPUs; set by LocalBackend
+    # The chat template both engines and the trainer render with (None: the tokenizer's own), and the keyword
+    # arguments they render with by default (a request's own chat_template_kwargs override them in the engine).
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def report_for_engine(self, kind: str) -> None:
         """The HF engine has none of vLLM's knobs: report the flags it will not use."""
@@ -155,11 +173,83 @@ def resolve_internal_config(config: Mapping[str, Any] | None, *, on_cuda: bool) 
             out.lora.update(art_lora_fields(f"_internal_config.{key}", _section(key, value)))
         elif key == "trainer_args":
             _trainer_args(_section(key, value), out)
+        elif key == "chat_template_kwargs":
+            out.chat_template_kwargs = _template_kwargs(value)
+        elif key in ("chat_template", "chat_template_path"):
+            continue  # read together, below: they are two spellings of one setting
         else:
             report_ignored(f"_internal_config.{key}", "artnb has no such setting")
+    out.chat_template = _chat_template(config.get("chat_template"), config.get("chat_template_path"))
     if out.max_seq_length and "--max-model-len" not in out.vllm_args:
         out.vllm_args += ["--max-model-len", str(out.max_seq_length)]
     return out
+
+
+def _template_kwargs(value: object) -> dict[str, Any]:
+    """`_internal_config["chat_template_kwargs"]` checked: template variables by name, each JSON-serialisable,
+    since vLLM takes them as JSON on its command line and the HF engine the same way."""
+    where = '_internal_config["chat_template_kwargs"]'
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{where} must be a dict of template variables (got {type(value).__name__} {value!r:.60}); pass "
+            'e.g. {"enable_thinking": False}'
+        )
+    kwargs = dict(value)
+    if bad := [k for k in kwargs if not isinstance(k, str)]:
+        raise TypeError(f"{where}: keys must be strings, the template variables' names (got {bad[0]!r})")
+    if clash := sorted(_RENDER_ARGUMENTS & kwargs.keys()):
+        hint = ' (pass the template as _internal_config["chat_template"])' if "chat_template" in clash else ""
+        raise ValueError(
+            f"{where}[{json.dumps(clash[0])}]: that is an argument of apply_chat_template itself, which artnb sets for "
+            f"each rendering; chat_template_kwargs are the template's own variables{hint}"
+        )
+    for key, item in kwargs.items():
+        try:
+            json.dumps(item, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{where}[{json.dumps(key)}] = {item!r:.60} is not JSON-serialisable ({error}); the engines get these "
+                "as JSON: use strings, numbers, booleans, None, lists and dicts"
+            ) from error
+    return kwargs
+
+
+def _chat_template(text: object, path: object) -> str | None:
+    """The chat template text from `_internal_config["chat_template"]` or the file at `chat_template_path`
+    (read now, at register, so the engines and the trainer render with the same text even if the file changes)."""
+    if text is not None and path is not None:
+        raise ValueError(
+            '_internal_config has both "chat_template" and "chat_template_path": pass one (the template text, '
+            "or the path of a file holding it)"
+        )
+    if path is not None:
+        text = _read_template(path)
+    elif text is not None and not isinstance(text, str):
+        raise TypeError(
+            f'_internal_config["chat_template"] must be the template text, a str (got {type(text).__name__}); '
+            'for a file, pass _internal_config["chat_template_path"]'
+        )
+    if text is not None and not text.strip():
+        raise ValueError(
+            "_internal_config's chat template is empty; leave chat_template and chat_template_path out for the "
+            "model's own template"
+        )
+    return text
+
+
+def _read_template(path: object) -> str:
+    where = f'_internal_config["chat_template_path"]={path!r}'
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{where}: pass the path of a chat template file, as a str or a Path")
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{where} could not be read ({type(error).__name__}: {error}); pass the path of a readable "
+            "UTF-8 file holding the template (e.g. a model's chat_template.jinja)"
+        ) from error
 
 
 def _section(key: str, value: object) -> Mapping[str, Any]:

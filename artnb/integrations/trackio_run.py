@@ -1,7 +1,7 @@
 """Trackio: a local, free experiment tracker (Hugging Face's `trackio`), one Trackio run per model.
 
 On only when the model asks: `report_metrics=["trackio"]` (alone, or with "wandb"). Each run:
-- lives in Trackio's project `model.project`, named `model.run_name or model.name`, resumed by that name after a
+- lives in Trackio's project `model.project`, named `model.storage_name`, resumed by that name after a
   kernel restart (`resume="allow"`); Trackio keeps it in its local database ($TRACKIO_DIR, by default
   ~/.cache/huggingface/trackio), and `trackio show --project <project>` opens the dashboard;
 - logs each history row once at the row's step (the policy that produced the data), numeric values only;
@@ -51,7 +51,7 @@ class TrackioReporter:
 
     def __init__(self, model: Model) -> None:
         self.url: str | None = None  # a local dashboard has no address until `trackio show` starts one
-        self.project, self.run_name = model.project, model.run_name or model.name
+        self.project, self.run_name = model.project, model.storage_name
         self._failed = False
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="artnb-trackio")
         self._run = self._worker.submit(self._init, run_config(model))

@@ -55,11 +55,11 @@ def reporter_for(model: Model) -> WandbReporter | None:
 
 
 def run_id(model: Model) -> str:
-    """The model's W&B run id: `run_id` or `id` when given, else `{project}-{name}` made W&B-safe, plus a short
+    """The model's W&B run id: `run_id` or `id` when given, else `{project}-{storage_name}` made W&B-safe, plus a short
     hash when that changed it (W&B ids take letters, digits, '-' and '_')."""
     if model.run_id or model.id:
         return str(model.run_id or model.id)
-    raw = f"{model.project}-{model.name}"
+    raw = f"{model.project}-{model.storage_name}"
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", raw)
     return safe if safe == raw else f"{safe}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
 
@@ -76,7 +76,7 @@ class WandbReporter:
         self._failed = False
         init = {
             "project": model.project,
-            "name": model.run_name or model.name,
+            "name": model.storage_name,
             "id": self.run_id,
             "entity": model.entity,
             "resume": "allow",

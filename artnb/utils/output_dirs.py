@@ -43,7 +43,9 @@ def get_output_dir_from_model_properties(project: str, name: str, art_path: str 
 
 def get_model_dir(model: Model, art_path: str | Path | None = None) -> str:
     """The run directory of `model` (under `art_path` if given, else under the model's `base_path`)."""
-    return str(RunStore(art_path if art_path is not None else model.base_path, model.project, model.name).dir)
+    return str(
+        RunStore(art_path if art_path is not None else model.base_path, model.project, model.storage_name).dir
+    )
 
 
 def get_models_dir(project_name: str, art_path: str | Path | None = None) -> str:

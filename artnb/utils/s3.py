@@ -4,9 +4,12 @@ steps only, boto3, no AWS CLI needed."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .output_dirs import DEFAULT_ART_PATH
+
+if TYPE_CHECKING:
+    from ..backends.s3 import Excludable
 
 
 async def pull_model_from_s3(
@@ -18,10 +21,12 @@ async def pull_model_from_s3(
     verbose: bool = False,
     delete: bool = False,
     art_path: str | None = None,
+    exclude: list[Excludable] | None = None,
 ) -> str:
     """Download run `project/model_name` from `s3_bucket` (default $BACKUP_BUCKET) into `art_path` (default
     ./.art): every complete step with the history and trajectories, or only checkpoint `step` ("latest": the
-    newest). `delete=True` replaces a local run that differs from the bucket's. Returns the run directory."""
+    newest). `delete=True` replaces a local run that differs from the bucket's. `exclude`: folders of the run
+    not to pull, e.g. `["checkpoints"]` to read only trajectories and history. Returns the run directory."""
     from ..backends.local import LocalBackend
     from ..backends.run_operations import pull_from_s3
     from ..core.store import RunStore
@@ -30,7 +35,14 @@ async def pull_model_from_s3(
     store = RunStore(backend.path, project, model_name)
     try:
         await pull_from_s3(
-            store, backend.as_writer, s3_bucket, prefix, step=step, verbose=verbose, delete=delete
+            store,
+            backend.as_writer,
+            s3_bucket,
+            prefix,
+            step=step,
+            verbose=verbose,
+            delete=delete,
+            exclude=exclude,
         )
     finally:
         await backend.close()

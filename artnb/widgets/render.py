@@ -106,6 +106,8 @@ def _fmt(v: Any) -> str:
         return str(v)
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, (dict, list, tuple)):  # nested metadata: as JSON, not Python's repr
+        return json.dumps(v, ensure_ascii=False, default=str)
     return str(v)
 
 

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from artnb import models
-from artnb.backends.engines.hf.batching import ChoiceTrie, Row, Scheduler, decode_batch
+from artnb.backends.engines.hf.batching import ChoiceTrie, Row, Scheduler, decode_batch, prefill_chunks
 from artnb.backends.engines.hf.sampling import counter_uniform, draw, row_key, top_p_filter, unit_interval
 
 
@@ -61,6 +61,24 @@ def test_seeded_rows_reproduce_alone_in_a_batch_and_joining_mid_batch(tiny):
         assert a.finish_reason == b.finish_reason == c.finish_reason == "length"
         assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs, strict=True)) < 1e-5
     assert len({tuple(r.token_ids) for r in together}) > 1, "different seeds sample differently"
+
+
+def test_one_long_prompt_is_prefilled_apart_and_every_row_samples_as_alone(tiny):
+    """A grown multi-turn conversation among short prompts: prefilled in one padded pass, every short row cost
+    as much as the long one. Chunks of similar lengths are prefilled one after another and merged; the rows
+    sample what they sample alone."""
+    model, tokenizer = tiny
+    long_prompt = tokenizer("history " * 600).input_ids
+    batch = [Row(p, max_tokens=6, seed=7 + i) for i, p in enumerate([*prompts(tokenizer, 5), long_prompt])]
+    chunks = prefill_chunks(batch)
+    assert [len(c) for c in chunks] == [5, 1] and chunks[1][0].prompt_ids == long_prompt
+    same = [Row(p, max_tokens=6, seed=7 + i) for i, p in enumerate(prompts(tokenizer, 40))]
+    assert len(prefill_chunks(same)) == 1, "prompts of similar lengths share one pass"
+    together = run(model, tokenizer, batch)
+    alone = [run(model, tokenizer, [Row(r.prompt_ids, max_tokens=6, seed=r.seed)])[0] for r in batch]
+    for a, b in zip(together, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
 
 
 def test_logprobs_are_the_models_at_temperature_one_whatever_the_settings(tiny):

@@ -282,7 +282,11 @@ def test_parse_tool_calls_keeps_surrounding_text_and_skips_broken_blocks():
 async def test_context_overflow_is_a_clear_400_and_server_keeps_serving(client):
     with pytest.raises(openai.BadRequestError, match="shorten the conversation or lower max_tokens") as error:
         await chat(client, max_tokens=2048)
-    assert "context 2048" in str(error.value)
+    assert "context 2048" in str(error.value) and "at most" in str(error.value)
+    long = [{"role": "user", "content": "word " * 2100}]  # no room left, max_tokens not given
+    with pytest.raises(openai.BadRequestError, match="leaves no room to generate") as error:
+        await chat(client, messages=long, max_tokens=None)
+    assert "max_tokens" not in str(error.value)
     assert (await chat(client)).choices[0].message.content is not None
 
 

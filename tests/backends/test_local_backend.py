@@ -11,6 +11,7 @@ import openai
 import pytest
 
 import artnb as art
+from artnb.core import ignored
 from artnb.models import tiny
 
 CHOICES = ["A", "B"]
@@ -99,6 +100,32 @@ async def test_a_run_refuses_another_base_model_or_lora_shape_and_keeps_its_reco
         assert await again.get_step() == 1
 
 
+async def test_run_name_names_a_new_run_served_under_the_same_name(tmp_path, base):
+    """ART 0.5.2x: `name` is what the model is served as, `run_name` the run (its directory, W&B run); a new
+    run_name starts a fresh run beside an older run of the same name, which is left as it is."""
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        first = art.TrainableModel(name="agent", project="p", base_model=base)
+        await first.register(backend)
+        await first.train(await gather(first, 0), config=art.TrainConfig(learning_rate=1e-2))
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        model = art.TrainableModel(name="agent", run_name="exp-2", project="p", base_model=base)
+        with pytest.warns(
+            UserWarning, match=r"run_name='exp-2' starts a new run .*models/agent \(at step 1\)"
+        ):
+            await model.register(backend)
+        assert await model.get_step() == 0 and model.get_inference_name() == "agent"
+        groups = await gather(model, 0)  # served under "agent", from the new run's adapter
+        await model.train(groups, config=art.TrainConfig(learning_rate=1e-2))
+        await model.log(groups, split="val")
+    assert (await model.get_step(), model.storage_name) == (1, "exp-2")
+    assert sorted(p.name for p in (tmp_path / "p/models/exp-2/checkpoints").iterdir()) == ["0000", "0001"]
+    assert list(model.history()["split"]) == ["train", "val"]
+    assert sorted(p.name for p in (tmp_path / "p/models/agent/checkpoints").iterdir()) == ["0000", "0001"]
+    assert len(first.history()) == 1  # the older run's history is its own
+    with pytest.raises(ValueError, match="run_name='a/b' is not allowed"):
+        art.TrainableModel(name="agent", run_name="a/b", project="p", base_model=base)
+
+
 async def test_inference_waits_during_training_and_gets_the_new_adapter(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
@@ -158,7 +185,9 @@ async def test_equal_rewards_advance_the_step_but_nothing_at_all_does_not(tmp_pa
         groups = await gather(model, 1)
         groups[0].trajectories[0].reward = 1.0
         with pytest.warns(UserWarning, match="max_seq_length"):
-            with pytest.raises(art.NothingToTrainError, match="longer than max_seq_length"):
+            with pytest.raises(
+                art.NothingToTrainError, match="no sampled token within their first max_seq_length"
+            ):
                 await model.train(groups, learning_rate=1e-2, max_seq_length=16)
         assert await model.get_step() == 1 and len(model.history()) == 1
         assert model.store.steps() == [0, 1]
@@ -310,6 +339,16 @@ def test_a_path_that_cannot_hold_runs_is_refused_when_the_backend_is_made(tmp_pa
             art.LocalBackend(path=readonly / "runs")
     finally:
         subprocess.run(["umount", "-l", str(readonly)], check=False)
+
+
+def test_arts_expert_replay_switch_is_accepted_and_true_is_reported(tmp_path, monkeypatch):
+    """ART 0.5.23's `LocalBackend(enable_expert_replay=...)`: MoE routing replay in its Megatron trainer."""
+    monkeypatch.setattr(ignored, "_reported", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        art.LocalBackend(path=tmp_path, enable_expert_replay=False)  # what artnb does: nothing to say
+    with pytest.warns(UserWarning, match=r"enable_expert_replay=True\) is accepted .* no Megatron trainer"):
+        art.LocalBackend(path=tmp_path, enable_expert_replay=True)
 
 
 def test_trainer_config_takes_a_dict_of_its_fields_and_engine_options_must_be_a_dict(tmp_path):

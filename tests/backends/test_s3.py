@@ -353,3 +353,76 @@ async def test_a_remote_backend_pulls_and_pushes_on_the_server(s3_server, tmp_pa
         await backend.close()
     finally:
         server.stop()
+
+
+async def test_pull_model_checkpoint_finds_the_newest_here_or_in_s3_and_returns_its_directory(
+    s3_server, tmp_path
+):
+    """ART 0.5.23's `_experimental_pull_model_checkpoint`: the run directory first, then S3 (that checkpoint
+    alone); the newest of the two for "latest", the local one when level; `local_path` gets a copy."""
+    model = await train_steps(tmp_path / "laptop", "checkpoint", 2)
+    laptop = art.LocalBackend(path=tmp_path / "laptop", engine="hf")
+    await laptop._experimental_push_to_s3(model, s3_bucket=BUCKET, prefix="team")
+    here = RunStore(tmp_path / "laptop", "checkpoint", "agent")
+    weights = (here.checkpoint_path(2) / "adapter_model.safetensors").read_bytes()
+
+    # level with the bucket: the run directory's own checkpoint, nothing downloaded
+    assert await laptop._experimental_pull_model_checkpoint(model, s3_bucket=BUCKET, prefix="team") == str(
+        here.checkpoint_path(2)
+    )
+    assert await laptop._experimental_pull_model_checkpoint(model, step=1) == str(here.checkpoint_path(1))
+
+    # another machine: the newest is in S3 only, and only that checkpoint arrives
+    gpu = art.LocalBackend(path=tmp_path / "gpu", engine="hf")
+    there = RunStore(tmp_path / "gpu", "checkpoint", "agent")
+    path = await gpu._experimental_pull_model_checkpoint(
+        model, step="latest", s3_bucket=BUCKET, prefix="team"
+    )
+    assert path == str(there.checkpoint_path(2)) and there.steps() == [2]
+    assert (there.checkpoint_path(2) / "adapter_model.safetensors").read_bytes() == weights
+    assert not there.history_path.exists()
+
+    # local_path: the checkpoint's adapter and optimizer, copied where the caller wants them
+    out = tmp_path / "export" / "step1"
+    copied = await gpu._experimental_pull_model_checkpoint(
+        model, step=1, local_path=str(out), s3_bucket=BUCKET, prefix="team"
+    )
+    assert copied == str(out) and there.steps() == [1, 2]
+    assert {p.name for p in out.iterdir()} >= {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "optimizer.pt",
+    }
+    assert (out / "adapter_model.safetensors").read_bytes() == (
+        here.checkpoint_path(1) / "adapter_model.safetensors"
+    ).read_bytes()
+
+    with pytest.raises(
+        FileNotFoundError, match=r"checkpoint 0 of checkpoint/agent is not in .*pass s3_bucket"
+    ):
+        await gpu._experimental_pull_model_checkpoint(model, step=0)
+    nobody = art.TrainableModel(name="nobody", project="checkpoint", base_model=BASE)
+    with pytest.raises(FileNotFoundError, match="no checkpoint of checkpoint/nobody in .* or s3://runs/"):
+        await gpu._experimental_pull_model_checkpoint(nobody, s3_bucket=BUCKET)
+    with pytest.raises(FileNotFoundError, match="step 7 of checkpoint/agent is not in s3://"):
+        await gpu._experimental_pull_model_checkpoint(model, step=7, s3_bucket=BUCKET, prefix="team")
+
+    # ART's `exclude` for a whole-run pull: the folders named stay behind
+    runs_only = art.LocalBackend(path=tmp_path / "history", engine="hf")
+    await runs_only._experimental_pull_from_s3(
+        model, s3_bucket=BUCKET, prefix="team", exclude=["checkpoints"]
+    )
+    history_only = RunStore(tmp_path / "history", "checkpoint", "agent")
+    assert history_only.steps() == [] and history_only.history().equals(here.history())
+    assert history_only.trajectory_files() == here.trajectory_files()
+    bench = await pull_model_from_s3(
+        "agent",
+        "checkpoint",
+        s3_bucket=BUCKET,
+        prefix="team",
+        art_path=str(tmp_path / "bench"),
+        exclude=["trajectories"],
+    )
+    assert RunStore.from_dir(bench).steps() == [0, 1, 2] and not (Path(bench) / "trajectories").exists()
+    with pytest.raises(ValueError, match=r"\['history'\] cannot be excluded; the options are"):
+        await runs_only._experimental_pull_from_s3(model, s3_bucket=BUCKET, exclude=["history"])  # type: ignore[list-item]

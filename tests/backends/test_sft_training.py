@@ -313,3 +313,51 @@ async def test_sft_teaches_the_embedded_model_an_answer_format(tmp_path):
         after = await format_rate(model)
     assert result.metrics["train/num_gradient_steps"] == 8
     assert before <= 1 / 8 and after >= 0.75, (before, after)
+
+
+async def test_log_metrics_false_and_arts_openai_client_config(tmp_path, base):
+    """ART's train_sft(log_metrics=False): the step commits and is served, and no reporter (W&B, Trackio,
+    Langfuse) is told; history.jsonl keeps its row (part of the commit), which artnb says once.
+    ART's register(_openai_client_config=...): its engine_args join _internal_config's, the rest is reported."""
+    from artnb.core import reporting
+
+    told = []
+
+    class Recorder:
+        name, url = "recorder", None
+
+        def log_row(self, model, row, groups, config):
+            told.append(row["step"])
+
+        def instrument(self, model, client):
+            pass
+
+        def close(self):
+            pass
+
+    reporting.register("test recorder", lambda model: Recorder(), metric_name="test_recorder")
+    model = art.TrainableModel(
+        name="agent",
+        project="p",
+        base_model=base,
+        report_metrics=["test_recorder"],
+        _internal_config={"engine_args": {"enforce_eager": False, "seed": 1}},
+    )
+    try:
+        async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+            with pytest.warns(UserWarning, match="server_args.*choose their own host"):
+                await model.register(
+                    backend,
+                    _openai_client_config={
+                        "engine_args": {"enforce_eager": True},
+                        "server_args": {"port": 1},
+                    },
+                )
+            assert model.internal_config == {"engine_args": {"enforce_eager": True, "seed": 1}}
+            with pytest.warns(UserWarning, match="log_metrics=False.*part of its commit"):
+                result = await model.train_sft(EXAMPLES[:2], TrainSFTConfig(batch_size=2), log_metrics=False)
+            assert result.step == 1 and model.store.steps() == [0, 1] and told == []
+            await model.train_sft(EXAMPLES[:2], TrainSFTConfig(batch_size=2))
+            assert told == [1], "with log_metrics (the default) the step is reported"
+    finally:
+        reporting._registry.pop("test recorder")

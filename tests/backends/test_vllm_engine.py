@@ -21,6 +21,7 @@ import openai
 import pytest
 import torch
 import websockets
+from transformers import AutoTokenizer
 
 import artnb
 from artnb import models
@@ -32,6 +33,9 @@ if (problem := vllm_import_error()) is not None:
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Say hello."}]
 CONTEXT = 2048  # --max-model-len for the shared engine, so an overflowing prompt is cheap to build
+# The shared engine renders with the model's own template after this, and a default for `greeting`: every prompt
+# starts with the default's marker unless a request sends its own (artnb's _internal_config chat template).
+GREETING = "{% if greeting is defined %}{{ greeting }}{% endif %}"
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +51,8 @@ async def engine(model_path, tmp_path_factory):
         tmp_path_factory.mktemp("logs"),
         max_loras=2,
         extra_args=["--max-model-len", str(CONTEXT)],
+        chat_template=GREETING + str(AutoTokenizer.from_pretrained(model_path).chat_template),
+        default_chat_template_kwargs={"greeting": "MARK-DEFAULT"},
     )
     await engine.start(timeout=300)
     yield engine
@@ -97,8 +103,6 @@ def group(pgid: int) -> list[int]:
 
 
 async def test_every_completion_has_logprobs_and_token_ids_unasked(client, model_path):
-    from transformers import AutoTokenizer
-
     completion = await chat(client, max_tokens=6)  # no logprobs=True, no extra fields
     choice = completion.choices[0]
     token_ids = choice.model_extra["token_ids"]
@@ -249,6 +253,16 @@ async def test_the_newest_adapter_is_served_merged_and_every_other_policy_stays_
     await engine.unload_adapter("merged@1")
     assert (await engine.stats())["merged"] is None
     assert_close(await first_token_logprobs(client, "base"), base, 1e-5)
+
+
+async def test_the_default_chat_template_kwargs_render_every_prompt_and_a_request_overrides_them(
+    client, model_path
+):
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    plain = await chat(client, max_tokens=1)
+    assert tokenizer.decode(plain.model_extra["prompt_token_ids"]).startswith("MARK-DEFAULT<|im_start|>")
+    own = await chat(client, max_tokens=1, extra_body={"chat_template_kwargs": {"greeting": "MARK-OWN"}})
+    assert tokenizer.decode(own.model_extra["prompt_token_ids"]).startswith("MARK-OWN<|im_start|>")
 
 
 async def test_a_chat_template_sent_with_the_request_is_refused(client):

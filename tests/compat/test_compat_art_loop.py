@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import openai
 import pytest
@@ -66,7 +67,7 @@ async def rollout(model: art.Model[GameConfig], scenario: Scenario) -> art.Traje
 
 
 async def test_art_notebook_loop_shape(tmp_path, base):
-    backend = LocalBackend(in_process=True, path=str(tmp_path), engine="hf")
+    backend = LocalBackend(in_process=True, path=str(tmp_path), engine="hf", enable_expert_replay=False)
     model = art.TrainableModel(name="001-script", project="tic-tac-toe", base_model=base, config=GameConfig())
     model._internal_config = art.dev.InternalModelConfig(
         init_args=art.dev.InitArgs(max_seq_length=512, load_in_4bit=True),
@@ -93,7 +94,11 @@ async def test_art_notebook_loop_shape(tmp_path, base):
             normalize_advantages=False,
             kl_penalty_coef=0.01,
             verbose=True,
+            optimizer_save_interval=5,  # ART 0.5.23's checkpoint keywords, which PipelineTrainer passes
+            final_training_step=2,
         )
+        # ART 0.5.23: await checkpoint_ready when set; here the checkpoint is committed when train returns
+        assert result.checkpoint_ready is None and Path(result.checkpoint_path or "").is_dir()
         await model.log(train_groups, metrics=result.metrics, step=result.step, split="train")
         val_groups = await art.gather_trajectory_groups(
             [art.TrajectoryGroup(rollout(model, Scenario(step=batch.step, index=9)) for _ in range(2))]

@@ -54,3 +54,16 @@ async def test_deprecated_token_count_flag_is_accepted_and_reported_once(monkeyp
         await art.gather_trajectory_groups(
             [art.TrajectoryGroup(rollout(i) for i in range(2))], pbar_total_completion_tokens=True
         )
+
+
+async def test_gather_trajectories_takes_the_deprecated_flag_too(monkeypatch):
+    """ART 0.5.23's `gather_trajectories(..., pbar_total_completion_tokens=...)`: accepted, reported once."""
+    monkeypatch.setattr(ignored, "_reported", set())
+    with pytest.warns(
+        UserWarning, match=r"gather_trajectories\(pbar_total_completion_tokens=True\) is accepted"
+    ):
+        out = await art.gather_trajectories([rollout(1), rollout(2)], pbar_total_completion_tokens=True)
+    assert [t.reward for t in out] == [0.25, 0.5]  # type: ignore[union-attr]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await art.gather_trajectories([rollout(3)], pbar_total_completion_tokens=False)

@@ -187,3 +187,27 @@ async def test_art_spellings_and_clear_errors(client):
 
 async def _fails() -> None:
     raise ValueError("the tool broke")
+
+
+async def test_arts_require_and_trajectory_keywords():
+    """ART 0.5 spells `current_trajectory(require=...)` and `yield_trajectory(trajectory=...)`; artnb's
+    `required=` still works, and the two disagreeing is an error rather than a silent pick."""
+    with pytest.raises(RuntimeError, match="no trajectory is being captured"):
+        art.current_trajectory(require=True)
+    assert art.current_trajectory(require=False) is None
+    with pytest.raises(RuntimeError, match="no trajectory group is open"):
+        art.current_trajectory_group(require=True)
+    with art.Trajectory() as opened:
+        assert art.current_trajectory(require=True) is opened
+        assert art.current_trajectory(required=True) is opened
+    with art.TrajectoryGroup() as group:
+        assert art.current_trajectory_group(require=True) is group
+    with pytest.raises(TypeError, match="pass only require="):
+        art.current_trajectory(require=True, required=False)
+
+    async def deep() -> None:
+        art.yield_trajectory(trajectory=art.Trajectory(reward=0.5))
+
+    assert (await art.capture_yielded_trajectory(deep())).reward == 0.5
+    with pytest.raises(TypeError, match="takes an art.Trajectory"):
+        art.yield_trajectory(trajectory={"reward": 1})

@@ -39,6 +39,8 @@ ART_TRAIN_DEFAULTS = dict(
     num_trajectories_learning_rate_multiplier_power=0.0,
     save_checkpoint=True,
     optimizer_save_interval=5,
+    final_training_step=None,
+    grad_accumulation_sequences=None,
     verbose=False,
 )
 
@@ -237,3 +239,39 @@ def test_art_lora_config_refuses_a_misspelled_key_with_the_nearest_names(monkeyp
             name="a", project="p", base_model="x", lora_config={"rank": 16, "alpha": 32, "use_rslora": False}
         )
     assert (model.lora.r, model.lora.alpha) == (16, 32)
+
+
+def test_art_0_5_23_train_config_fields_construct_and_say_what_they_change():
+    """ART 0.5.23's TrainConfig fields construct; those that change nothing here are reported once each when
+    set, however they reach the step (the config, `_config` or a keyword to backend.train)."""
+    config = art.TrainConfig(
+        learning_rate=1e-5,
+        kl_penalty_coef=0.1,
+        kl_penalty_source="sample",
+        grad_accumulation_sequences=4,
+        optimizer_save_interval=2,
+        final_training_step=10,
+    )
+    assert (config.grad_accumulation_sequences, config.final_training_step) == (4, 10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resolved = resolve_train_config(config, {})
+    assert resolved == config
+    reported = {str(w.message).split("(")[1].split("=")[0]: str(w.message) for w in caught}
+    assert sorted(reported) == ["grad_accumulation_sequences", "kl_penalty_source", "optimizer_save_interval"]
+    assert "one optimizer step over the whole batch" in reported["grad_accumulation_sequences"]
+    assert "saved with every checkpoint" in reported["optimizer_save_interval"]
+
+
+def test_final_training_step_is_accepted_silently_as_a_keyword():
+    """Every step saves its optimizer state and is served on return, so ART's last-step flag has nothing to do."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolved = resolve_train_config(None, {"final_training_step": 3, "kl_penalty_source": "sample"})
+    assert resolved.final_training_step == 3  # 'sample' without a KL coefficient asks for nothing either
+    with pytest.raises(ValidationError, match="final_training_step"):
+        resolve_train_config(None, {"final_training_step": 0})
+    with pytest.raises(ValidationError, match="grad_accumulation_sequences"):
+        art.TrainConfig(grad_accumulation_sequences=0)
+    with pytest.raises(ValidationError, match="kl_penalty_source"):
+        art.TrainConfig(kl_penalty_source="reference")  # type: ignore[arg-type]

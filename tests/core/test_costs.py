@@ -125,3 +125,39 @@ async def test_registered_pricing_wins_over_litellms_and_prices_unknown_models(t
     assert row["costs/tools/mine/usd"] == pytest.approx((600 * 2.0 + 400 * 0.5 + 500 * 8.0) / 1e6)
     with pytest.raises(ValueError, match="per million"):
         model.metrics_builder().register_model_pricing("x", prompt_per_million=-1, completion_per_million=1)
+
+
+async def test_a_cost_calculator_prices_the_trained_models_own_completions(tmp_path):
+    """ART's set_cost_calculator: inside a named metrics context (ART's `cost_context=` keyword), each completion
+    of the trainable model is priced by the calculator from its token counts; outside one, nothing is."""
+    seen = []
+
+    def calculator(prompt_tokens, completion_tokens, cost_context):
+        seen.append((prompt_tokens, completion_tokens, cost_context))
+        return {f"costs/{cost_context}/prefill": prompt_tokens * 1e-3, "not_a_cost": 9.0}
+
+    model = art.TrainableModel(name="agent", project="costs", base_model=BASE)
+    assert model.cost_calculator(10, 2, "train") == {}, "no calculator: nothing is priced"
+    with pytest.raises(TypeError, match="set_cost_calculator takes a function"):
+        model.set_cost_calculator("0.1 per token")  # type: ignore[arg-type]
+    model.set_cost_calculator(calculator)
+    assert model.cost_calculator is calculator
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        await model.register(backend)
+        client = model.openai_client()
+        await client.chat.completions.create(model=model.get_inference_name(), **ask)  # no context: unpriced
+        assert seen == []
+        with model.activate_metrics_context(cost_context="train"):
+            reply = await client.chat.completions.create(model=model.get_inference_name(), n=2, **ask)
+        prompt = reply.usage.prompt_tokens
+        assert seen == [(prompt * 2, reply.usage.completion_tokens, "train")], (
+            "prompt counted once per choice"
+        )
+        row = await model.log(split="val", metrics={"reward": 1.0})
+        assert row["costs/train/prefill/usd"] == pytest.approx(prompt * 2e-3)
+        assert not any("not_a_cost" in k for k in row)
+        model.set_cost_calculator(None)
+        with model.activate_metrics_context(cost_context="train"):
+            await client.chat.completions.create(model=model.get_inference_name(), **ask)
+        assert len(seen) == 1

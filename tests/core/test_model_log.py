@@ -217,3 +217,27 @@ async def test_a_bad_metric_fails_train_before_the_trainer_runs(tmp_path, monkey
             await model.train(groups, learning_rate=1e-2)
         assert calls == [] and await model.get_step() == 0 and model.store.steps() == [0]
         assert not model.store.history_path.exists()
+
+
+async def test_metadata_json_cannot_hold_is_refused_before_anything_is_written(model, tmp_path):
+    """A value in metadata that JSON cannot hold would come back as text: refused, naming the key, and the run
+    directory stays as it was (nothing half-written)."""
+    bad = traj(metadata={"cfg": {"started": object()}})
+    with pytest.raises(
+        ValueError, match=r"metadata\['cfg'\]\['started'\] of type object.*Nothing was logged"
+    ):
+        await model.log([art.TrajectoryGroup([traj(), bad])], split="val", step=0)
+    assert not (tmp_path / "runs").exists() or files_under(tmp_path / "runs") == []
+
+
+def test_a_train_request_refuses_metadata_json_cannot_hold_where_it_is_made():
+    """Made in the notebook, before a remote backend's wire would turn the value into text on the way."""
+    from artnb.core.train_request import SFTRequest, TrainRequest
+
+    bad = traj(metadata={"when": object()})
+    with pytest.raises(
+        ValueError, match=r"group 1, trajectory 0 has metadata\['when'\].*Nothing was trained"
+    ):
+        TrainRequest.build([group(), art.TrajectoryGroup([bad, traj(0.0)])], None, {})
+    with pytest.raises(ValueError, match=r"trajectory 1 has metadata\['when'\].*Nothing was trained"):
+        SFTRequest.build([traj(), bad], None, {})

@@ -1,7 +1,9 @@
 import json
 import os
 
+import pandas as pd
 import pytest
+from pydantic import BaseModel
 
 import artnb as art
 from artnb.core.store import RunStore
@@ -151,12 +153,66 @@ async def test_model_log_writes_history_and_parquet(tmp_path):
     assert len(model.store.read_trajectories("val", 3)) == 2
 
 
+def test_additional_histories_come_back_from_the_run_directory(tmp_path):
+    """A self-play or sub-agent rollout's other conversations are part of what was trained: the group view of an
+    old step shows them, so they are written with the trajectory (and files written before still read)."""
+    opponent = art.History(
+        messages_and_choices=[
+            {"role": "user", "content": "your move"},
+            {"role": "assistant", "content": "b2"},
+        ],
+        tools=[{"type": "function", "function": {"name": "move"}}],
+    )
+    played = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "a1?"}], reward=1.0, additional_histories=[opponent]
+    )
+    plain = art.Trajectory(messages_and_choices=[{"role": "user", "content": "c3?"}], reward=0.0)
+    store = RunStore(tmp_path, "p", "m")
+    store.write_trajectories("train", 0, [art.TrajectoryGroup([played, plain])])
+    back = store.read_trajectories("train", 0)[0].trajectories
+    assert [m["content"] for m in back[0].additional_histories[0].messages()] == ["your move", "b2"]
+    assert back[0].additional_histories[0].tools == opponent.tools and back[1].additional_histories == []
+
+    path = store.trajectories_path("train", 1)  # a file from before: no such column
+    pd.read_parquet(store.trajectories_path("train", 0)).drop(columns="additional_histories").to_parquet(path)
+    store.write_trajectories("train", 1, [art.TrajectoryGroup([played, plain])])  # appended to since
+    groups = store.read_trajectories("train", 1)
+    assert [len(t.additional_histories) for g in groups for t in g.trajectories] == [0, 0, 1, 0]
+
+
 def test_state_merge(tmp_path):
     model = art.Model(name="m", project="p", base_path=str(tmp_path))
     model.overwrite_state({"a": {"x": 1}, "b": 1})
     model.merge_state({"a": {"y": 2}})
     assert model.read_state() == {"a": {"x": 1, "y": 2}, "b": 1}
     assert json.loads(model.store.state_path.read_text())["b"] == 1
+
+
+def test_state_helpers_as_art_has_them(tmp_path):
+    """ART 0.5: read_state() is None before anything was saved, merge_state returns what it saved, and the
+    deprecated write_state replaces the state (warning which call to use)."""
+    model = art.Model(name="m", project="p", base_path=str(tmp_path))
+    assert model.read_state() is None
+    assert model.merge_state({"a": {"x": 1}}) == {"a": {"x": 1}}
+    assert model.merge_state({"a": {"y": 2}}) == {"a": {"x": 1, "y": 2}} == model.read_state()
+    with pytest.warns(DeprecationWarning, match="overwrite_state"):
+        model.write_state({"b": 1})
+    assert model.read_state() == {"b": 1}
+
+
+async def test_backend_and_safe_model_dump(tmp_path):
+    class Cfg(BaseModel):
+        turns: int = 3
+
+    model = art.Model(name="m", project="p", base_path=str(tmp_path), config=Cfg())
+    with pytest.raises(ValueError, match=r"not registered.*await model.register\(backend\)"):
+        model.backend()
+    dumped = model.safe_model_dump()
+    assert dumped["config"] is None and dumped["name"] == "m" and model.config == Cfg()
+    backend = art.LocalBackend(path=tmp_path)
+    await model.register(backend)
+    assert model.backend() is backend
+    await backend.close()
 
 
 def test_nan_reward_is_named():

@@ -14,9 +14,12 @@ from openai.types.chat.chat_completion import Choice
 from transformers import AutoTokenizer
 
 import artnb.models
+from artnb.backends.model_setup import model_tokenizer
 from artnb.core.grpo import group_advantages
+from artnb.core.sft import TrainSFTConfig, tokenize_sft
 from artnb.core.tokenize import TokenizedSequence, tokenize_groups, tokenize_trajectory
 from artnb.core.trajectory import History, Trajectory, TrajectoryGroup
+from artnb.dev.settings import resolve_internal_config
 
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
@@ -440,16 +443,79 @@ def test_zero_advantage_trajectories_are_skipped_and_explained(tok):
     assert mixed.metrics["num_groups_trainable"] == 1
 
 
-def test_too_long_sequences_are_dropped_with_a_warning(tok):
+def test_too_long_sequences_train_on_their_first_tokens_and_keep_their_advantage(tok):
+    """The long rollout is the group's success here: dropped after the advantages were computed (as ART's
+    LocalBackend does), the step would train only the failure's negative advantage."""
     short, long = traj_with_reward(tok, 0), traj_with_reward(tok, 1, "a|" * 40)
-    limit = len(tokenize_trajectory(tok, short, 1.0)[0].token_ids)
-    full = len(tokenize_trajectory(tok, long, 1.0)[0].token_ids)
+    limit = len(tokenize_trajectory(tok, short, 1.0)[0].token_ids) + 3
+    full = tokenize_trajectory(tok, long, 1.0)[0]
+    assert len(full.token_ids) > limit
     with pytest.warns(
-        UserWarning, match=rf"group 0, trajectory 1 has {full} tokens, more than max_seq_length={limit}"
+        UserWarning, match=rf"1 sequence\(s\) of up to {len(full.token_ids)} tokens .* first {limit}"
     ):
         batch = tokenize_groups(tok, [TrajectoryGroup([short, long])], max_seq_length=limit)
-    assert [s.trajectory_index for s in batch.sequences] == [0]
-    assert batch.metrics["num_dropped_too_long"] == 1
-    with pytest.warns(UserWarning):
+    cut = batch.sequences[1]
+    assert [s.trajectory_index for s in batch.sequences] == [0, 1] and cut.advantage > 0
+    assert (cut.token_ids, cut.assistant_mask) == (full.token_ids[:limit], full.assistant_mask[:limit])
+    assert 0 < cut.num_trainable_tokens() < full.num_trainable_tokens()
+    assert (batch.metrics["num_truncated_too_long"], batch.metrics["num_dropped_too_long"]) == (1, 0)
+    with pytest.warns(UserWarning, match="no sampled token among its first max_seq_length=5"):
         empty = tokenize_groups(tok, [TrajectoryGroup([short, long])], max_seq_length=5)
-    assert empty.sequences == [] and "max_seq_length" in empty.skipped_reason
+    assert empty.sequences == [] and empty.metrics["num_dropped_too_long"] == 2
+    assert "no sampled token within their first max_seq_length" in empty.skipped_reason
+
+
+# The tiny tokenizer's template with a marker written first when the template variable `greeting` is set.
+GREETING = "{% if greeting is defined %}{{ greeting }}{% endif %}"
+
+
+def test_template_kwargs_reach_the_rendered_text_of_choices_and_dicts(tok):
+    """The template's variables (`_internal_config["chat_template_kwargs"]`) render the conversation as the
+    engine rendered the prompt, also around an assistant dict, whose body is rendered a second time."""
+    greeting = copy.deepcopy(tok)
+    greeting.chat_template = GREETING + tok.chat_template
+    ids = split_ids(tok, "O", "k", "<|im_end|>")
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "hello world"},
+            {"role": "user", "content": "again"},
+            make_choice(tok, ids),
+        ]
+    )
+    kwargs = {"greeting": "MARK-7"}
+    (seq,) = tokenize_trajectory(
+        greeting, traj, 1.0, allow_training_without_logprobs=True, template_kwargs=kwargs
+    )
+    text = greeting.decode(seq.token_ids)
+    assert text.startswith("MARK-7<|im_start|>")
+    assert text == greeting.apply_chat_template(traj.messages(), tokenize=False, greeting="MARK-7")
+    assert spans(seq)[-1] == ids  # the sampled ids still train as they were sampled
+    (plain,) = tokenize_trajectory(greeting, traj, 1.0, allow_training_without_logprobs=True)
+    assert "MARK-7" not in greeting.decode(plain.token_ids)
+    batch = tokenize_groups(
+        greeting,
+        [TrajectoryGroup([traj_with_reward(tok, 0), traj_with_reward(tok, 1)])],
+        template_kwargs=kwargs,
+    )
+    assert all(greeting.decode(s.token_ids).startswith("MARK-7") for s in batch.sequences)
+
+
+def test_the_configured_template_is_the_one_the_trainer_renders_with(tmp_path):
+    """`_internal_config["chat_template"]` (or `chat_template_path`) becomes the trainer's tokenizer's
+    template, and SFT renders with the template variables as RL does."""
+    template = tmp_path / "template.jinja"
+    own = str(AutoTokenizer.from_pretrained(artnb.models.tiny()).chat_template)
+    template.write_text("[configured]" + own)
+    settings = resolve_internal_config({"chat_template_path": str(template)}, on_cuda=False)
+    tokenizer = model_tokenizer(artnb.models.tiny(), settings)
+    traj = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "yes"}]
+    )
+    (seq,) = tokenize_trajectory(tokenizer, traj, 1.0, allow_training_without_logprobs=True)
+    assert str(tokenizer.decode(seq.token_ids)).startswith("[configured]<|im_start|>")
+    tokenizer.chat_template = GREETING + "[configured]" + own
+    (sft,) = tokenize_sft(
+        tokenizer, [traj], TrainSFTConfig(batch_size=1), template_kwargs={"greeting": "MARK-8"}
+    ).sequences
+    assert str(tokenizer.decode(sft.token_ids)).startswith("MARK-8[configured]<|im_start|>")

@@ -144,3 +144,47 @@ def test_a_users_subclass_keeps_its_aliases_and_extra_fields():
         warnings.simplefilter("error")
         assert Aliased(messages_and_choices=[HI], reward=1, scenarioId=3).scenario_id == 3
         assert Open(messages_and_choices=[HI], reward=1, scenario_id=3).model_extra == {"scenario_id": 3}
+
+
+NESTED = {"tags": ["a", "b"], "cfg": {"x": 1, "y": [1.5, None, True]}, "note": "ok"}
+
+
+def test_nested_json_metadata_comes_back_the_same_from_parquet_and_the_wire(tmp_path):
+    """ART's metadata is any JSON value: the run directory and the remote backend's wire give it back as it was."""
+    from artnb.core.store import RunStore
+    from artnb.core.wire import dumps, groups_from_wire, groups_to_wire, loads
+
+    group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[HI], reward=1, metadata=NESTED)])
+    check_trajectories([group])
+    store = RunStore(tmp_path, "p", "m")
+    store.write_trajectories("val", 0, [group])
+    assert store.read_trajectories("val", 0)[0][0].metadata == NESTED
+    assert groups_from_wire(loads(dumps(groups_to_wire([group]))))[0][0].metadata == NESTED
+
+
+def test_numpy_values_in_metadata_become_plain_numbers_and_tuples_lists():
+    t = art.Trajectory(metadata={"cfg": {"n": np.int64(3), "pair": (np.float32(0.5), "x")}})
+    check_trajectories([art.TrajectoryGroup([t])])
+    assert t.metadata == {"cfg": {"n": 3, "pair": [0.5, "x"]}}
+    assert type(t.metadata["cfg"]["n"]) is int
+
+
+@pytest.mark.parametrize(
+    "metadata, match",
+    [
+        ({"when": {"at": object()}}, r"metadata\['when'\]\['at'\] of type object"),
+        ({"tags": [1, {2, 3}]}, r"metadata\['tags'\]\[1\] of type set"),
+        ({"cfg": {1: "a"}}, r"metadata\['cfg'\] key 1 of type int"),
+    ],
+)
+def test_metadata_that_json_cannot_hold_is_named_with_the_fix(metadata, match):
+    t = art.Trajectory(messages_and_choices=[HI], metadata=metadata)
+    with pytest.raises(ValueError, match=rf"group 0, trajectory 0 has {match}.*store a JSON value instead"):
+        check_trajectories([art.TrajectoryGroup([t])], then="Nothing was logged")
+
+
+def test_group_log_appends_to_its_logs():
+    group = art.TrajectoryGroup([art.Trajectory()])
+    group.log("judge timed out")
+    group.log("retried")
+    assert group.logs == ["judge timed out", "retried"]

@@ -68,7 +68,8 @@ def test_keys_art_has_and_artnb_does_not_use_are_still_reported_as_ignored():
         "trainer_args": {
             "gradient_checkpointing_kwargs": {}
         },  # close to gradient_checkpointing, but ART's own
-        "chat_template_kwargs": {"enable_thinking": False},
+        "chat_template_content_format": "openai",
+        "chat_template_tool_schema_format": "vllm_openai",
     }
     with pytest.warns(UserWarning) as caught:
         resolve(config)
@@ -78,7 +79,8 @@ def test_keys_art_has_and_artnb_does_not_use_are_still_reported_as_ignored():
         "engine_args.enable_sleep_mode",
         "engine_args.compilation_config",
         "trainer_args.gradient_checkpointing_kwargs",
-        "_internal_config.chat_template_kwargs",
+        "_internal_config.chat_template_content_format",
+        "_internal_config.chat_template_tool_schema_format",
     ):
         assert f"{name} is accepted for ART compatibility but ignored" in messages, name
 
@@ -185,3 +187,60 @@ def test_unsloths_and_vllms_own_values_are_not_mistaken_for_typos():
     with pytest.warns(UserWarning, match="init_args.load_in_fp8 is accepted"):
         resolve({"init_args": {"load_in_fp8": True}})
     assert "--max-logprobs" in resolve({"engine_args": {"max_logprobs": -1}}).vllm_args
+
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def test_chat_template_and_its_kwargs_are_honoured_not_reported(tmp_path):
+    kwargs = {"enable_thinking": False, "tags": ["a", {"b": 1.5}], "none": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing here is "accepted ... but ignored"
+        settings = resolve({"chat_template_kwargs": kwargs, "chat_template": TEMPLATE})
+        assert (settings.chat_template, settings.chat_template_kwargs) == (TEMPLATE, kwargs)
+        path = tmp_path / "chat_template.jinja"
+        path.write_text(TEMPLATE)
+        assert resolve({"chat_template_path": str(path)}).chat_template == TEMPLATE
+        assert resolve({"chat_template_path": path, "chat_template_kwargs": None}).chat_template_kwargs == {}
+    assert resolve({}).chat_template is None and resolve({"init_args": {}}).chat_template_kwargs == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "said"),
+    [
+        (["enable_thinking"], TypeError, r"must be a dict of template variables \(got list"),
+        ({1: True}, TypeError, r"keys must be strings, the template variables' names \(got 1\)"),
+        ({"when": object()}, TypeError, r'\["when"\] = <object .* is not JSON-serialisable'),
+        ({"x": float("nan")}, TypeError, r'\["x"\] = nan is not JSON-serialisable'),
+        ({"add_generation_prompt": False}, ValueError, "an argument of apply_chat_template itself"),
+        (
+            {"chat_template": TEMPLATE},
+            ValueError,
+            r'pass the template as _internal_config\["chat_template"\]',
+        ),
+    ],
+)
+def test_bad_chat_template_kwargs_are_refused_at_register(kwargs, error, said):
+    with pytest.raises(error, match=r'_internal_config\["chat_template_kwargs"\].*' + said):
+        resolve({"chat_template_kwargs": kwargs})
+
+
+def test_bad_chat_templates_are_refused_at_register(tmp_path):
+    with pytest.raises(
+        TypeError, match=r'_internal_config\["chat_template"\] must be the template text, a str'
+    ):
+        resolve({"chat_template": ["{{ x }}"]})
+    with pytest.raises(ValueError, match="chat template is empty"):
+        resolve({"chat_template": " \n"})
+    missing = tmp_path / "missing.jinja"
+    with pytest.raises(
+        ValueError, match=r"chat_template_path.*missing.jinja.* could not be read \(FileNotFound"
+    ):
+        resolve({"chat_template_path": str(missing)})
+    with pytest.raises(ValueError, match=r"could not be read \(IsADirectoryError"):
+        resolve({"chat_template_path": str(tmp_path)})
+    with pytest.raises(TypeError, match="pass the path of a chat template file"):
+        resolve({"chat_template_path": 3})
+    missing.write_text(TEMPLATE)
+    with pytest.raises(ValueError, match='has both "chat_template" and "chat_template_path": pass one'):
+        resolve({"chat_template": TEMPLATE, "chat_template_path": str(missing)})

@@ -46,3 +46,68 @@ async def test_benchmark_rollout_prints_and_returns_the_mean_reward(capsys):
 
     assert await benchmark_rollout("gpt-4.1-mini", 4, rollout) == 1.5
     assert "Average reward for gpt-4.1-mini: 1.5" in capsys.readouterr().out
+
+
+def test_get_model_step_reads_the_newest_committed_checkpoint(tmp_path):
+    from artnb.core.store import RunStore
+
+    model = art.TrainableModel(name="agent", project="p", base_model="unused", base_path=str(tmp_path))
+    assert art.utils.get_model_step(model) == 0, "a run that has not trained yet"
+    store = RunStore(tmp_path, "p", "agent")
+    for step in (1, 2):
+        store.write_checkpoint(step, _write_adapter)
+    (store.checkpoints / "0007").mkdir()  # no adapter files: not a committed checkpoint
+    assert art.utils.get_model_step(model) == 2
+    assert art.utils.get_model_step(model, art_path=tmp_path / "elsewhere") == 0
+
+
+def _write_adapter(folder) -> None:
+    from artnb.core.store import ADAPTER_FILES
+
+    for name in ADAPTER_FILES:
+        (folder / name).write_text("x")
+
+
+def test_format_message_prints_role_content_and_tool_calls():
+    call = {"id": "c", "type": "function", "function": {"name": "move", "arguments": '{"to": 4}'}}
+    message = {"role": "assistant", "content": "Moving.", "tool_calls": [call]}
+    assert art.utils.format_message(message) == 'Assistant:\nMoving.\nmove({"to": 4})'
+    assert art.utils.format_message({"role": "user", "content": "Hi"}) == "User:\nHi"
+    assert art.utils.format_message({"role": "assistant", "content": None, "tool_calls": [call]}) == (
+        'Assistant:\nmove({"to": 4})'
+    )
+
+
+async def test_log_http_errors_puts_the_servers_detail_in_the_message():
+    import httpx
+    import pytest
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/json":
+            return httpx.Response(422, json={"detail": "batch_size must be positive"})
+        return httpx.Response(500, text="<html>oops</html>")
+
+    @art.utils.log_http_errors
+    async def call(path: str) -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://s") as client:
+            (await client.get(path)).raise_for_status()
+
+    with pytest.raises(Exception, match=r"\[HTTP 422\] http://s/json batch_size must be positive") as info:
+        await call("/json")
+    assert isinstance(info.value.__cause__, httpx.HTTPStatusError)
+    with pytest.raises(httpx.HTTPStatusError):  # not JSON: the original error
+        await call("/html")
+
+
+def test_record_provenance_appends_unless_it_is_already_the_last_entry():
+    from artnb.utils.record_provenance import with_provenance
+
+    assert with_provenance(None, "sft") == ["sft"]
+    assert with_provenance(["sft"], "sft") == ["sft"]
+    assert with_provenance(("sft",), "rl") == ["sft", "rl"]
+
+
+def test_retry_is_reachable_by_arts_module_path():
+    from artnb.utils.retry import retry
+
+    assert retry is art.utils.retry is art.retry

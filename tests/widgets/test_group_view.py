@@ -166,3 +166,11 @@ def test_summary_flags_equal_rewards_and_failed_rollouts():
     assert "1 rollouts failed" in view.summary.value and "board parse failed" in view.summary.value
     view.set_groups([])
     assert view.cards == [] and "no trajectories yet" in view.summary.value
+
+
+def test_nested_metadata_is_shown_as_json():
+    from artnb.widgets.render import trajectory_header_html
+
+    traj = art.Trajectory(metadata={"cfg": {"tags": ["a"], "on": True}})
+    shown = trajectory_header_html(traj, 0, 1)
+    assert "cfg={&quot;tags&quot;: [&quot;a&quot;], &quot;on&quot;: true}" in shown

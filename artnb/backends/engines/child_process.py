@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -204,6 +205,8 @@ class ServerEngine:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
+        chat_template: str | None = None,
+        default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
         for name, value in [
             ("max_request_bytes", max_request_bytes),
@@ -219,6 +222,9 @@ class ServerEngine:
         self.api_key = secrets.token_urlsafe(24)
         self.max_request_bytes = max_request_bytes
         self.control_timeout_s, self.hold_timeout_s = control_timeout_s, hold_timeout_s
+        self.chat_template = chat_template
+        self.default_chat_template_kwargs = dict(default_chat_template_kwargs or {})
+        json.dumps(self.default_chat_template_kwargs)  # a TypeError now, not a server that cannot start
         self._process: EngineProcess | None = None
 
     @property
@@ -254,6 +260,20 @@ class ServerEngine:
                 f"port=None to pick a free port, or stop what listens there (`lsof -i :{self.port}`)"
             )
         self.port = free_port()
+
+    def _chat_template_args(self) -> list[str]:
+        """`--chat-template FILE` and `--default-chat-template-kwargs JSON`, vLLM's flags, which the HF server
+        takes too. The template goes through a file in the log folder: a long one may not fit in a command-line
+        argument (128 KiB on Linux), and the file records what the engine rendered with."""
+        args = []
+        if self.chat_template is not None:
+            path = self.log_dir / f"{self.kind.lower()}_chat_template.jinja"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.chat_template, encoding="utf-8")
+            args += ["--chat-template", str(path)]
+        if self.default_chat_template_kwargs:
+            args += ["--default-chat-template-kwargs", json.dumps(self.default_chat_template_kwargs)]
+        return args
 
     def _server_env(self, extra: dict[str, str]) -> dict[str, str]:
         """The child's environment: ours, artnb importable, unbuffered output, then `extra` (which wins)."""

@@ -613,8 +613,11 @@ def context_length(model_config) -> int:
     return 2048
 
 
-def check_sequences(sequences: list[TokenizedSequence], max_seq_length: int) -> None:
-    """Raise ValueError, naming the sequence, if one cannot be trained on (ragged fields, too short or long)."""
+def check_sequences(
+    sequences: list[TokenizedSequence], max_seq_length: int, asked: int | None = None
+) -> None:
+    """Raise ValueError, naming the sequence, if one cannot be trained on (ragged fields, too short or long).
+    `asked`: the step's TrainConfig.max_seq_length, named when it let a sequence past the context through."""
     for i, seq in enumerate(sequences):
         n = len(seq.token_ids)
         if len(seq.assistant_mask) != n or len(seq.logprobs) != n:
@@ -626,8 +629,13 @@ def check_sequences(sequences: list[TokenizedSequence], max_seq_length: int) -> 
             raise ValueError(f"sequence {i} has {n} token(s); training needs at least 2")
         if n > max_seq_length:
             raise ValueError(
-                f"sequence {i} has {n} tokens, more than the model's context length {max_seq_length}; "
-                "drop or truncate it first (TrainConfig.max_seq_length)"
+                f"sequence {i} has {n} tokens, more than the model's context length {max_seq_length}"
+                + (
+                    f", which TrainConfig.max_seq_length={asked} lets through: set max_seq_length to at most "
+                    f"{max_seq_length}, and longer sequences train on their first tokens"
+                    if asked is not None and asked > max_seq_length
+                    else "; set TrainConfig.max_seq_length to at most that, or shorten the rollouts"
+                )
             )
 
 
@@ -638,7 +646,7 @@ def grpo_sequences(
     are none or one is malformed. The FSDP trainer calls it in the notebook so that errors are raised there."""
     if not sequences:
         raise ValueError("train() got no sequences; the caller should skip the step instead")
-    check_sequences(sequences, max_seq_length)
+    check_sequences(sequences, max_seq_length, config.max_seq_length)
     # token 0 is never predicted, so a mask only on it trains nothing; such rows are not run at all
     trainable = [s for s in sequences if any(s.assistant_mask[1:])]
     if not trainable:

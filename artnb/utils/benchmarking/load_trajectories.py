@@ -129,8 +129,14 @@ def _row(model: str, split: str, step: int, group_number: int, record: dict[Hash
         "messages": [_message(m) for m in _json(record.get("messages"), [])],
         "logs": list(logs) if logs is not None else [],
         **{f"metric_{k}": v for k, v in metrics.items()},
-        **{f"metadata_{k}": str(v) for k, v in metadata.items()},
+        **{f"metadata_{k}": _text(v) for k, v in metadata.items()},
     }
+
+
+def _text(value: Any) -> str:
+    """A metadata value as its column's text (as ART's loader: str); nested lists and dicts as JSON, which
+    `json.loads` turns back into the value, where Python's repr would not."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)
 
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,10 @@ class HFEngine(ServerEngine):
 
     max_request_bytes: larger request bodies get 413 unread (32 MiB; a 2048-token chat is ~10 kB).
     trust_request_chat_template: render a `chat_template` sent with a request; off, such requests get 400.
+    chat_template: template text to render every request with instead of the tokenizer's own (trusted: it is
+        this engine's configuration, not a request's). default_chat_template_kwargs: the template's variables
+        for every request (e.g. {"enable_thinking": False}); a request's own `chat_template_kwargs` override
+        them key by key. vLLM's `--chat-template` / `--default-chat-template-kwargs`, with the same meaning.
     control_timeout_s, hold_timeout_s: how long control calls and hold() wait for an answer (child_process.py).
     merge_newest: serve each family's newest adapter (what plain `agent` resolves to, the one RL samples
         from) with its weights merged into the base linear layers, so it decodes at the base model's speed
@@ -81,6 +85,8 @@ class HFEngine(ServerEngine):
         hold_timeout_s: float = 900.0,
         merge_newest: bool | None = None,
         omp_wait_policy: str = "auto",
+        chat_template: str | None = None,
+        default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
         if omp_wait_policy not in OMP_POLICIES:
             raise ValueError(
@@ -95,6 +101,8 @@ class HFEngine(ServerEngine):
             max_request_bytes=max_request_bytes,
             control_timeout_s=control_timeout_s,
             hold_timeout_s=hold_timeout_s,
+            chat_template=chat_template,
+            default_chat_template_kwargs=default_chat_template_kwargs,
         )
         self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
         self.trust_request_chat_template = trust_request_chat_template
@@ -110,6 +118,7 @@ class HFEngine(ServerEngine):
             for key in set(OMP_ENV_KEYS) - omp.keys():
                 env.pop(key, None)
         merge = {None: [], True: ["--merge-newest"], False: ["--no-merge-newest"]}[self.merge_newest]
+        template = self._chat_template_args()
 
         def command() -> list[str]:  # for self.port, which a taken port changes
             return [
@@ -122,6 +131,7 @@ class HFEngine(ServerEngine):
                 "--max-loras", str(self.max_loras),
                 "--max-request-bytes", str(self.max_request_bytes),
                 *(["--trust-request-chat-template"] if self.trust_request_chat_template else []),
+                *template,
                 *merge,
                 "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
             ]  # fmt: skip

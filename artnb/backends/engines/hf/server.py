@@ -40,7 +40,10 @@ Limits, so one client cannot stall or flood the server:
   One thread, because a fast tokenizer used from two threads at once can fail ("Already borrowed").
 - A request whose client disconnects stops decoding at the next step; its queued rows never run.
 - A chat template sent with the request is refused unless `--trust-request-chat-template` (vLLM's flag):
-  the server renders it, and a slow one stalls every request behind it.
+  the server renders it, and a slow one stalls every request behind it. The server's own `--chat-template FILE`
+  (trusted: it is the configuration) replaces the tokenizer's template, and `--default-chat-template-kwargs
+  JSON` are the template's variables for every request, under a request's own `chat_template_kwargs` (vLLM's
+  flags, with vLLM's meaning): so every client, not only artnb's, renders as the model is trained.
 
 The decoding loop (continuous batching: requests join a running batch) and the scheduler live in
 hf/batching.py, the batched sampler in hf/sampling.py, the wire format in hf/protocol.py. Measured on an
@@ -133,6 +136,8 @@ class HFServer:
         max_loras: int,
         trust_request_chat_template: bool = False,
         merge_newest: bool | None = None,
+        chat_template: str | None = None,
+        default_chat_template_kwargs: dict[str, Any] | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -149,6 +154,9 @@ class HFServer:
         # Used only on the prep thread (templates, prompts, responses) once serving; the decoding thread
         # (stop strings) and the grammar compiler have their own instances.
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
+        self.default_template_kwargs = dict(default_chat_template_kwargs or {})
         self._prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="artnb-prep")
         self._worker_tokenizer = copy.deepcopy(self.tokenizer)
         self.base = (
@@ -383,7 +391,8 @@ class HFServer:
             ) from error
 
     def template_kwargs(self, request: ChatRequest) -> dict[str, Any]:
-        """The request's extra apply_chat_template arguments; a template of its own only if trusted."""
+        """The extra apply_chat_template arguments: the server's defaults under the request's own, and a
+        template of the request's own only if trusted."""
         kwargs = dict(request.chat_template_kwargs or {})
         if request.chat_template is not None:
             kwargs["chat_template"] = request.chat_template
@@ -396,7 +405,7 @@ class HFServer:
                 "HFEngine(..., trust_request_chat_template=True) (--trust-request-chat-template) if you "
                 "trust every client",
             )
-        return kwargs
+        return {**self.default_template_kwargs, **kwargs}
 
     def chat_prompt(self, request: ChatRequest) -> list[int]:
         """The conversation rendered by the chat template and tokenized; blocking, so call it on the prep thread."""
@@ -446,12 +455,19 @@ class HFServer:
         else:
             prompt = self.completion_prompt(request)
             max_tokens, top_logprobs = request.max_tokens, request.logprobs or 0
-        max_tokens = max_tokens or self.context_length - len(prompt)
-        if max_tokens < 1 or len(prompt) + max_tokens > self.context_length:
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise EngineError(
+                400,
+                f"the prompt has {len(prompt)} tokens, which leaves no room to generate in the model's context "
+                f"of {self.context_length} tokens: shorten the conversation",
+            )
+        max_tokens = max_tokens or room
+        if max_tokens > room:
             raise EngineError(
                 400,
                 f"prompt has {len(prompt)} tokens, max_tokens {max_tokens}, context {self.context_length}: "
-                f"shorten the conversation or lower max_tokens",
+                f"shorten the conversation or lower max_tokens to at most {room}",
             )
         choices = constraint.choices if constraint is not None else None
         trie = None
@@ -798,6 +814,17 @@ def main(argv: list[str] | None = None) -> None:
         help="render a chat_template sent with a request (refused with 400 by default)",
     )
     parser.add_argument(
+        "--chat-template",
+        type=Path,
+        help="a file holding the chat template to render with instead of the tokenizer's",
+    )
+    parser.add_argument(
+        "--default-chat-template-kwargs",
+        type=json.loads,
+        default={},
+        help="the chat template's variables for every request, as a JSON object; a request's own override them",
+    )
+    parser.add_argument(
         "--merge-newest",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -819,6 +846,8 @@ def main(argv: list[str] | None = None) -> None:
         max_loras=args.max_loras,
         trust_request_chat_template=args.trust_request_chat_template,
         merge_newest=args.merge_newest,
+        chat_template=args.chat_template.read_text(encoding="utf-8") if args.chat_template else None,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
     print(
         f"artnb engine: {args.model} loaded on {server.base.device}; serving as {args.served_name!r}",

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,24 +107,27 @@ def _cpu_attention_problem(model: Path) -> str | None:
     return f"its CPU attention kernels take head_dim {list(CPU_HEAD_SIZES)}, and this model's head_dim is {head_dim}"
 
 
-def _tool_parser_args(model_path: str) -> list[str]:
+def _tool_parser_args(model_path: str, chat_template: str | None = None) -> list[str]:
     """Hermes tool-call parsing, unless the chat template formats tool calls some other way.
 
     Qwen2.5's template asks for `<tool_call>` blocks (hermes). A template that ignores tools (SmolLM2) gets
     hermes too, so tools pass and a `<tool_call>` the model writes is parsed, as in the HF engine. Any other
     template gets no parser: pass `extra_args=["--enable-auto-tool-choice", "--tool-call-parser", NAME]`.
+    `chat_template`: the template the engine was given, which replaces the model's own.
     """
-    directory = Path(model_path)
-    template = ""
-    if (directory / "chat_template.jinja").is_file():
-        template = (directory / "chat_template.jinja").read_text()
-    elif (directory / "tokenizer_config.json").is_file():
-        template = str(
-            json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template") or ""
-        )
+    template = chat_template if chat_template is not None else _model_template(Path(model_path))
     if "<tool_call>" in template or "tools" not in template:
         return ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     return []
+
+
+def _model_template(directory: Path) -> str:
+    """The chat template saved with a local model ("" when there is none, or the model is a hub id)."""
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text()
+    if (directory / "tokenizer_config.json").is_file():
+        return str(json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template") or "")
+    return ""
 
 
 class VLLMEngine(ServerEngine):
@@ -140,6 +143,9 @@ class VLLMEngine(ServerEngine):
       accepts (8, 16, 32, ...). max_loras: adapters kept loaded, and served in one batch; loading one more
       unloads the oldest. extra_args: more `vllm serve` arguments, overriding the defaults. env: environment
       variables for the server, overriding the defaults (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU).
+    chat_template, default_chat_template_kwargs: the template text every request renders with (instead of the
+      model's), and the template's variables for every request, which a request's own `chat_template_kwargs`
+      override key by key (vLLM's `--chat-template` and `--default-chat-template-kwargs`).
     merge_newest: serve the newest `name@N` with its adapter merged into the model's weights (see "Merged
       serving" below); None: on a CPU, not on CUDA, where vLLM's LoRA kernels cost little.
     max_request_bytes: larger request bodies get 413 unread. control_timeout_s, hold_timeout_s: how long
@@ -171,6 +177,8 @@ class VLLMEngine(ServerEngine):
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
+        chat_template: str | None = None,
+        default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
         if max_loras < 1:
             raise ValueError(f"max_loras={max_loras}: keep at least 1 adapter loaded")
@@ -182,6 +190,8 @@ class VLLMEngine(ServerEngine):
             max_request_bytes=max_request_bytes,
             control_timeout_s=control_timeout_s,
             hold_timeout_s=hold_timeout_s,
+            chat_template=chat_template,
+            default_chat_template_kwargs=default_chat_template_kwargs,
         )
         self.max_lora_rank, self.max_loras = _lora_rank_arg(max_lora_rank), max_loras
         self.extra_args, self.env = list(extra_args or []), dict(env or {})
@@ -220,7 +230,8 @@ class VLLMEngine(ServerEngine):
             "--disable-access-log-for-endpoints", "/health",
             "--disable-fastapi-docs",  # no /docs, /redoc, /openapi.json
             *(["--worker-extension-cls", _WORKER_EXTENSION] if merging else []),
-            *_tool_parser_args(self.model_path),
+            *_tool_parser_args(self.model_path, self.chat_template),
+            *self._chat_template_args(),
             *platform_args,
             *self.extra_args,
         ]  # fmt: skip
