@@ -90,7 +90,8 @@ def trained_tokens(
     `tokenizer`: a model registered on a LocalBackend, whose trainer's tokenizer and chat template variables
     (`_internal_config["chat_template_kwargs"]`) are used, so the rendering is the trainer's; or any HF tokenizer
     of the base model (`backend.tokenizer_of(model)` has the model's chat template), with `template_kwargs` the
-    template's variables (they override the model's).
+    template's variables (they override the model's). The whole trajectory is shown: a step cuts one longer
+    than `max_seq_length` to its first tokens.
     """
     tokenizer, template_kwargs = _renderer(tokenizer, template_kwargs)
     sequences = tokenize_trajectory(tokenizer, trajectory, advantage=1.0, template_kwargs=template_kwargs)

@@ -208,9 +208,12 @@ class PipelineTrainer:
             "loss_fn_config": loss_fn_config,
             "adam_params": adam_params,
             "packed_sequence_length": packed_sequence_length,
-            "grad_accumulation_sequences": grad_accumulation_sequences,
-            "optimizer_save_interval": optimizer_save_interval,
         }
+        # ART's defaults (None, 5) change nothing here; passed on only when set, so a train_config's own stay
+        if grad_accumulation_sequences is not None:
+            options["grad_accumulation_sequences"] = grad_accumulation_sequences
+        if optimizer_save_interval != 5:
+            options["optimizer_save_interval"] = optimizer_save_interval
         if kl_penalty_coef:
             options["kl_penalty_coef"] = kl_penalty_coef
         given = train_config.model_fields_set if train_config is not None else set()
@@ -220,6 +223,12 @@ class PipelineTrainer:
             options["loss_fn"] = loss_fn or "cispo"
         self.train_config = resolve_train_config(train_config, options)
         self.checkpoint_retention_strategy = _retention_on(backend, checkpoint_retention_strategy)
+        if self.checkpoint_retention_strategy and max_steps_off_policy is limit_mean_steps_off_policy is None:
+            report_ignored(
+                "PipelineTrainer(checkpoint_retention_strategy=...) without an off-policy bound",
+                "with max_steps_off_policy and limit_mean_steps_off_policy both None a rollout may come from any "
+                "step, so no checkpoint can be deleted safely; set max_steps_off_policy",
+            )
         self.checkpoint_retention_interval = checkpoint_retention_interval
         _report_ignored_keywords(save_checkpoint, kl_penalty_step_lag, rollout_executor)
         self.plots = list(plots)

@@ -243,6 +243,9 @@ def test_keep_recent_and_top_keeps_the_newest_and_the_best_offered():
     assert set(keep_recent_and_top(recent=1, top=1)(context)) == {4, 1}
     assert set(keep_recent_and_top(recent=0, top=2)(context)) == {1, 4}
     assert set(keep_recent_and_top(recent=0, top=0)(context)) == set()
+    assert set(keep_recent_and_top(recent=9, top=0)(context)) == {1, 2, 3, 4}, (
+        "fewer offered than recent: all kept"
+    )
     with pytest.raises(ValueError, match="counts, >= 0"):
         keep_recent_and_top(recent=-1)
     assert art.pipeline_trainer.PipelineRuntimeConfig is art.PipelineRuntimeConfig

@@ -59,6 +59,7 @@ from ..core.wire import (
     outcome_from_wire,
     trajectories_to_wire,
 )
+from ..dev.settings import template_read_here
 from .art_spellings import ArtTrainSpellings
 from .engine_transport import EngineDiedError
 from .s3 import BUCKET_ENV, Excludable, S3SyncError, SyncReport, check_exclude, one_step
@@ -173,7 +174,9 @@ class RemoteBackend(ArtTrainSpellings):
         self._max_request_bytes = int(info["max_request_bytes"])
 
     async def _register_on_server(self, model: Model) -> None:
-        reply = await self._operation(None, "POST", f"{_route(model)}/register", dumps(model_to_wire(model)))
+        wire = model_to_wire(model)
+        wire["internal_config"] = template_read_here(wire["internal_config"])
+        reply = await self._operation(None, "POST", f"{_route(model)}/register", dumps(wire))
         self._registrations[model.project, model.storage_name] += 1
         if isinstance(model, TrainableModel) and reply.get("lora") is not None:
             lora = lora_from_wire(reply["lora"])  # the server applied the model's _internal_config to it

@@ -245,6 +245,8 @@ async def retain_checkpoints(
         offered = [s for s in steps[:-1] if s not in set(protected)]
         if not offered:
             return []
+        if (metric := getattr(strategy, "metric", None)) is not None:
+            _check_metric_known(metric, store.history().columns, "keep_recent_and_top(metric=...)")
         infos = await asyncio.to_thread(_checkpoint_infos, store, offered)
         keep = set(strategy(CheckpointRetentionContext(current_step=current_step, checkpoints=infos)))
         deleted = [s for s in offered if s not in keep]
@@ -273,7 +275,9 @@ def _checkpoint_infos(store: RunStore, steps: list[int]) -> list[CheckpointInfo]
     return infos
 
 
-def _check_metric_known(metric: str, columns: Iterable[str]) -> None:
+def _check_metric_known(
+    metric: str, columns: Iterable[str], what: str = "delete_checkpoints(best_checkpoint_metric=...)"
+) -> None:
     """A metric missing from the history keeps only the latest checkpoint (with a warning), as in ART: a
     validation metric a weak model has not scored yet (ART's art-e logs `val/correct` only for answered games) is
     not an error. A near miss of a metric of the same split (`val/accuracy` for `val/acc`) is a typo, and
@@ -284,7 +288,7 @@ def _check_metric_known(metric: str, columns: Iterable[str]) -> None:
     close = [c for c in columns if c.rpartition("/")[0] == split and _near(c.rpartition("/")[2], short)]
     if close:
         raise ValueError(
-            f"delete_checkpoints(best_checkpoint_metric={metric!r}): the run's history has no {metric!r}, so the "
+            f"{what.replace('...', repr(metric))}: the run's history has no {metric!r}, so the "
             f"best checkpoint by it cannot be found, and nothing was deleted. Did you mean "
             f"{' or '.join(map(repr, close))}?"
         )

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tqdm.auto import tqdm
 
@@ -42,7 +42,7 @@ _SKIPPED = {".lock", "wandb"}  # the writer lock belongs to this machine; W&B ke
 Excludable = Literal[
     "checkpoints", "logs", "trajectories"
 ]  # ART's `exclude` options: top-level folders of a run
-EXCLUDABLE: tuple[Excludable, ...] = ("checkpoints", "logs", "trajectories")
+EXCLUDABLE: tuple[Excludable, ...] = get_args(Excludable)
 
 
 class S3SyncError(RuntimeError):

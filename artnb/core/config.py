@@ -232,7 +232,8 @@ class TrainConfig(_Strict):
     max_seq_length: int | None = Field(
         default=None,
         ge=16,
-        description="drop longer sequences (counted in metrics); None = the model's context length",
+        description="longer rollouts train on their first max_seq_length tokens (data/num_truncated_too_long; "
+        "SFT drops longer examples); None = the model's context length",
     )
     logprob_calculation_chunk_size: int | None = Field(
         default=1024,
@@ -246,7 +247,7 @@ class TrainConfig(_Strict):
     )
     on_nothing_to_train: Literal["raise", "skip"] = Field(
         default="raise",
-        description="a batch with no trajectories, or whose sequences are all over max_seq_length: 'raise' "
+        description="a batch with no trajectories, or none with a sampled token within max_seq_length: 'raise' "
         "NothingToTrainError (the step does not advance, nothing is written); 'skip' records a skipped step "
         "in the history, still without a new checkpoint. Groups with equal rewards are not 'nothing': their "
         "step advances without an update",

@@ -569,7 +569,7 @@ class TrainableModel(Model[ModelConfig]):
                 f"model {self.name!r} is not being served: `await model.register(backend)` first"
             )
         base = _BaseOf(
-            name=f"{self.name}-base",
+            name=f"{self.storage_name}-base",
             project=self.project,
             base_path=self.base_path,
             inference_base_url=self.inference_base_url,
@@ -665,7 +665,7 @@ def _with_server_config(
             f"(got {type(engine_args).__name__})"
         )
     merged = dict(internal or {})
-    merged["engine_args"] = {**merged.get("engine_args", {}), **engine_args}
+    merged["engine_args"] = {**(merged.get("engine_args") or {}), **engine_args}
     return check_internal_config(merged)
 
 

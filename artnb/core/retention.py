@@ -47,9 +47,10 @@ def keep_recent_and_top(
 
     def strategy(context: CheckpointRetentionContext) -> set[int]:
         by_step = sorted(context.checkpoints, key=lambda c: c.step)
-        keep = {c.step for c in by_step[len(by_step) - recent :]} if recent else set()
+        keep = {c.step for c in by_step[-recent:]} if recent else set()
         scored = [c for c in by_step if metric in c.metrics]
         scored.sort(key=lambda c: (c.metrics[metric], c.step), reverse=True)
         return keep | {c.step for c in scored[:top]}
 
+    strategy.metric = metric  # type: ignore[attr-defined]  # checked against the history before anything goes
     return strategy

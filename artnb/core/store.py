@@ -1,6 +1,6 @@
 """The run directory: the one place that knows its layout, how each file in it is written, and who may write.
 
-Layout under `{path}/{project}/models/{name}/`:
+Layout under `{path}/{project}/models/{name}/` (`name` is the model's `storage_name`: its run_name, else its name):
     model.json                       the model's settings at its last register (never its API key)
     .lock                            held (an OS file lock) by the one process that trains the run; names it
     checkpoints/{step:04d}/          a committed step: LoRA adapter, optimizer.pt, commit.json

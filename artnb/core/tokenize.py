@@ -485,7 +485,7 @@ def _first_tokens(seq: TokenizedSequence, n: int) -> TokenizedSequence | None:
     computed with it: where the long rollouts were the group's successes (an agent that solved the task in
     more turns), the step then trained only the failures' negative advantages. Cut, the long rollout keeps its
     advantage on the turns that fit, as ART's own packing does when asked to truncate."""
-    if not any(seq.assistant_mask[:n]):
+    if not any(seq.assistant_mask[1:n]):  # the first token is never predicted
         return None
     return replace(
         seq, token_ids=seq.token_ids[:n], assistant_mask=seq.assistant_mask[:n], logprobs=seq.logprobs[:n]

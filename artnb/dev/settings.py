@@ -239,6 +239,15 @@ def _chat_template(text: object, path: object) -> str | None:
     return text
 
 
+def template_read_here(config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """`config` (an `_internal_config`) with `chat_template_path` replaced by the file's text, read on this
+    machine: a model registered on a remote server names a file of the notebook's, not of the server's."""
+    if not config or config.get("chat_template_path") is None:
+        return config
+    text = _chat_template(config.get("chat_template"), config["chat_template_path"])
+    return {**{k: v for k, v in config.items() if k != "chat_template_path"}, "chat_template": text}
+
+
 def _read_template(path: object) -> str:
     where = f'_internal_config["chat_template_path"]={path!r}'
     if not isinstance(path, str | os.PathLike):

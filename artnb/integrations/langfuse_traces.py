@@ -201,7 +201,7 @@ class LangfuseReporter:
         from opentelemetry.context import Context
 
         split, step = row.get("split"), row.get("step")
-        name = f"{model.name} {split} step {step}"
+        name = f"{model.storage_name} {split} step {step}"
         turns = []  # (choice, the messages before it) of every trainable turn
         for history in trajectory.histories():
             for n, item in enumerate(history.messages_and_choices):
@@ -230,7 +230,13 @@ class LangfuseReporter:
             },
         )
         short = {k: v for k, v in {**trajectory.metadata, **trajectory.metrics}.items() if len(str(v)) <= 100}
-        labels = {"project": model.project, "model": model.name, "split": str(split), "step": step}
+        labels = {
+            "project": model.project,
+            "model": model.name,
+            "run": model.storage_name,
+            "split": str(split),
+            "step": step,
+        }
         with (
             trace.use_span(root_span, end_on_exit=False),
             propagate_attributes(

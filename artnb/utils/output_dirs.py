@@ -8,6 +8,8 @@ what artnb writes:
     {art_path}/{project}/models/{name}/checkpoints/{step:04d}
     {art_path}/{project}/models/{name}/trajectories/{split}/{step:04d}.parquet
 
+where a model's `name` here is its run: `run_name` when given, else `name` (`model.storage_name`).
+
 Departures from OpenPipe ART's `art.utils.output_dirs`:
 - `art_path=None` means "./.art", where `art.Model` and `art.LocalBackend` write by default. ART walks up from
   its installed package looking for a `.git` folder, which lands outside the notebook's folder when ART is

@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 import artnb as art
 from artnb.backends.engine_launch import chat_template_options
+from artnb.core.sft import tokenize_sft
 from artnb.core.tokenize import tokenize_groups
 from artnb.dev.settings import resolve_internal_config
 from artnb.models import tiny
@@ -83,6 +84,15 @@ async def test_the_engine_and_the_trainer_render_with_the_configured_template_an
         prompt = prompt_ids(completions[0])
         assert list(view.table["token_id"][: len(prompt)]) == prompt
         assert not view.table["trained"][: len(prompt)].any() and view.table["trained"][len(prompt)]
+
+        # an SFT step renders the same way
+        sft = await model.train_sft(trajectories, config=art.TrainSFTConfig(learning_rate=1e-3, batch_size=4))
+        config = art.TrainSFTConfig(batch_size=4)
+        marked = tokenize_sft(tokenizer, trajectories, config, template_kwargs={"greeting": "MARK-DEFAULT"})
+        assert sft.metrics["data/num_tokens"] == marked.metrics["num_tokens"]
+        assert (
+            marked.metrics["num_tokens"] > tokenize_sft(tokenizer, trajectories, config).metrics["num_tokens"]
+        )
 
 
 @pytest.mark.parametrize(

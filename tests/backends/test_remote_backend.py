@@ -277,6 +277,31 @@ async def test_an_annealed_default_temperature_reaches_the_servers_engine(server
     await backend.close()
 
 
+async def test_a_chat_template_file_is_read_in_the_notebook_not_on_the_server(server, tmp_path, monkeypatch):
+    """`_internal_config["chat_template_path"]` names a file of the notebook's machine (relative here, to the
+    notebook's folder, which the server's is not): its text is what the server's engine renders with."""
+    template = (
+        "{% if greeting is defined %}{{ greeting }}{% endif %}"
+        + AutoTokenizer.from_pretrained(BASE).chat_template
+    )
+    (tmp_path / "mine.jinja").write_text(template)
+    monkeypatch.chdir(tmp_path)
+    backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
+    model = art.TrainableModel(
+        name="templated",
+        project="templates",
+        base_model=BASE,
+        _internal_config={"chat_template_path": "mine.jinja", "chat_template_kwargs": {"greeting": "MARK"}},
+    )
+    await model.register(backend)
+    reply = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    prompt = AutoTokenizer.from_pretrained(BASE).decode((reply.model_extra or {})["prompt_token_ids"])
+    assert prompt.startswith("MARK<|im_start|>")
+    await backend.close()
+
+
 async def test_the_training_panel_drives_a_remote_model(server, tmp_path):
     backend = RemoteBackend(server.url, api_key=KEY, path=tmp_path)
     model = art.TrainableModel(name="agent", project="panel", base_model=BASE)

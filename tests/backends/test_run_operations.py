@@ -8,6 +8,7 @@ import pytest
 from tiny_loop import gather
 
 import artnb as art
+from artnb.pipeline_trainer import keep_recent_and_top
 
 CONFIG = art.TrainConfig(learning_rate=1e-2)
 
@@ -30,6 +31,20 @@ async def test_a_metric_the_history_lacks_deletes_nothing_and_names_the_close_on
         with pytest.raises(ValueError, match=rf"no '{typo}'.*nothing was deleted. Did you mean 'val/acc'"):
             await model.delete_checkpoints(typo)
     assert model.store.steps() == [0, 1, 2, 3]
+
+
+async def test_a_retention_strategy_with_a_near_miss_metric_deletes_nothing(three_steps):
+    """PipelineTrainer's `checkpoint_retention_strategy=keep_recent_and_top(metric=...)` holds the same rule."""
+    model = three_steps
+    backend = model.backend()
+    with pytest.raises(
+        ValueError, match=r"keep_recent_and_top\(metric='val/accuracy'\).*Did you mean 'val/acc'"
+    ):
+        await backend._retain_checkpoints(model, keep_recent_and_top(recent=1, metric="val/accuracy"), 3, ())
+    assert model.store.steps() == [0, 1, 2, 3]
+    assert await backend._retain_checkpoints(
+        model, keep_recent_and_top(recent=1, top=1, metric="val/acc"), 3, ()
+    ) == [0]
 
 
 async def test_a_metric_not_logged_yet_keeps_the_latest_as_in_art(three_steps):

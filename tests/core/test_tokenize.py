@@ -457,6 +457,7 @@ def test_too_long_sequences_train_on_their_first_tokens_and_keep_their_advantage
     cut = batch.sequences[1]
     assert [s.trajectory_index for s in batch.sequences] == [0, 1] and cut.advantage > 0
     assert (cut.token_ids, cut.assistant_mask) == (full.token_ids[:limit], full.assistant_mask[:limit])
+    assert str(cut.logprobs) == str(full.logprobs[:limit])  # aligned (NaN where no logprob: compared as text)
     assert 0 < cut.num_trainable_tokens() < full.num_trainable_tokens()
     assert (batch.metrics["num_truncated_too_long"], batch.metrics["num_dropped_too_long"]) == (1, 0)
     with pytest.warns(UserWarning, match="no sampled token among its first max_seq_length=5"):

@@ -142,6 +142,12 @@ class _KVLayer(Protocol):
     values: torch.Tensor
 
 
+def _plain_layers(cache: DynamicCache) -> bool:
+    """Whether every layer of `cache` is a plain DynamicLayer, whose keys and values rows can be merged into
+    (sliding-window layers cannot)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
 def _kv_layers(cache: DynamicCache) -> list[_KVLayer]:
     """The layers of a joinable cache (`_Batch.joinable`: plain DynamicLayers), their keys and values set by
     the prefill; transformers types a layer as any kind, its keys as possibly None."""
@@ -172,15 +178,12 @@ class _Batch:
 
     @property
     def joinable(self) -> bool:
-        return self.cache is None or all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        return _plain_layers(self.cache or DynamicCache(config=self.model.config))
 
     def add(self, rows: list[Row]) -> None:
         """Prefill `rows` and make them part of the batch (their logits ready for the next sample), in chunks
         of similar prompt lengths (`prefill_chunks`) where the model's cache can be merged."""
-        mergeable = all(
-            type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers
-        )
-        for chunk in prefill_chunks(rows) if mergeable else [rows]:
+        for chunk in prefill_chunks(rows) if self.joinable else [rows]:
             self._add(chunk)
 
     def _add(self, rows: list[Row]) -> None:
