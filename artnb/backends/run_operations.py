@@ -241,13 +241,14 @@ async def retain_checkpoints(
     the `protected` steps. Returns the deleted steps."""
     async with served.step_lock:
         store = served.store
-        steps = store.steps()
-        offered = [s for s in steps[:-1] if s not in set(protected)]
+        kept = set(protected)
+        offered = [s for s in store.steps()[:-1] if s not in kept]
         if not offered:
             return []
+        history = await asyncio.to_thread(store.history)
         if (metric := getattr(strategy, "metric", None)) is not None:
-            _check_metric_known(metric, store.history().columns, "keep_recent_and_top(metric=...)")
-        infos = await asyncio.to_thread(_checkpoint_infos, store, offered)
+            _check_metric_known(metric, history.columns, "keep_recent_and_top(metric=...)")
+        infos = _checkpoint_infos(store, history, offered)
         keep = set(strategy(CheckpointRetentionContext(current_step=current_step, checkpoints=infos)))
         deleted = [s for s in offered if s not in keep]
         for s in deleted:
@@ -255,9 +256,8 @@ async def retain_checkpoints(
         return deleted
 
 
-def _checkpoint_infos(store: RunStore, steps: list[int]) -> list[CheckpointInfo]:
-    """The checkpoints `steps` with the history's numeric means at each step (evaluations logged there)."""
-    history = store.history()
+def _checkpoint_infos(store: RunStore, history: pd.DataFrame, steps: list[int]) -> list[CheckpointInfo]:
+    """The checkpoints `steps` with the `history`'s numeric means at each step (evaluations logged there)."""
     infos = []
     for s in steps:
         rows = history[history["step"] == s]

@@ -781,38 +781,44 @@ def _no_costs(
     return {}
 
 
+def _after_completions(client: Any, see: Callable[[Any, dict[str, Any]], None]) -> None:
+    """Call `see(response, request_kwargs)` after each chat completion `client` makes."""
+    create = client.chat.completions.create
+
+    async def seen(*args: Any, **kwargs: Any) -> Any:
+        response = await create(*args, **kwargs)
+        see(response, kwargs)
+        return response
+
+    client.chat.completions.create = seen
+
+
 def _count_calculated_costs(client: Any, model: TrainableModel) -> None:
     """Price each (non-streamed) chat completion `client` makes with `model`'s cost calculator, read at each
     call, so that a calculator set after the client was made counts too."""
-    create = client.chat.completions.create
 
-    async def priced(*args: Any, **kwargs: Any) -> Any:
-        response = await create(*args, **kwargs)
+    def price(response: Any, _: dict[str, Any]) -> None:
         calculator, ledger = model._cost_calculator, costs.active()
         context = getattr(ledger, "cost_context", None)
         usage = getattr(response, "usage", None)
         if calculator is None or ledger is None or not context or usage is None:
-            return response  # ART prices only inside a named metrics context
+            return  # ART prices only inside a named metrics context
         choices = max(len(getattr(response, "choices", None) or []), 1)
-        priced_costs = calculator(
+        priced = calculator(
             (usage.prompt_tokens or 0) * choices, usage.completion_tokens or 0, context.strip("/")
         )
-        for key, usd in priced_costs.items():
+        for key, usd in priced.items():
             if key.startswith("costs/"):
                 ledger.add(key.removeprefix("costs/"), usd=float(usd), requests=0)
-        return response
 
-    client.chat.completions.create = priced
+    _after_completions(client, price)
 
 
 def _count_costs(client: Any, source: str, model_name: str | None, ledger: MetricsBuilder) -> None:
     """Record the usage and price of each (non-streamed) chat completion `client` makes into `ledger`."""
-    create = client.chat.completions.create
 
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        response = await create(*args, **kwargs)
+    def count(response: Any, request: dict[str, Any]) -> None:
         if getattr(response, "usage", None) is not None:
-            costs.record(source, response, model=kwargs.get("model") or model_name, ledger=ledger)
-        return response
+            costs.record(source, response, model=request.get("model") or model_name, ledger=ledger)
 
-    client.chat.completions.create = counted
+    _after_completions(client, count)

@@ -1,17 +1,18 @@
 """What ART's `_internal_config` means in artnb: which keys are honoured, mapped or ignored, decided in one place.
 
 `resolve_internal_config` turns the dict into `InternalSettings`, which LocalBackend applies: the LoRA shape, the
-trainer's options, the longest sequence trained, vLLM command-line flags (used when vLLM serves; the HF engine
-has no such knobs) and, on CUDA, changes to the card's GPU preset (backends/gpu_presets.py): `max_seq_length`,
+trainer's options, the longest sequence trained, vLLM command-line flags (used when vLLM serves; the HF engine has
+no such knobs) and, on CUDA, changes to the card's GPU preset (backends/gpu_presets.py): `max_seq_length`,
 `gpu_memory_utilization`, `load_in_4bit` (Unsloth's 4-bit loading) and `enforce_eager` override the preset's.
 `chat_template` (or `chat_template_path`) and `chat_template_kwargs` are given to both engines as server-side
-defaults (so every client, not only `model.openai_client()`, gets them) and to the trainer's tokenisation, so
-what is trained is rendered as what was sampled. Keys with no meaning here (GPU-only settings on a CPU, flags vLLM
-no longer has, `chat_template_content_format`) are accepted and reported once each by `report_ignored`. A near miss of a key ART lists in full (the top level, `init_args`, LoRA's: `max_seq_len`) is
-an error with the nearest names (in engine_args and trainer_args, whose options are vLLM's and TRL's, it is said
-in the warning), and so is a value of the wrong type or range, named as it was written (`_internal_config["init_args"]["max_seq_length"]`).
-ART's dedicated mode (`trainer_gpu_ids` with `inference_gpu_ids`) is checked here on any machine and placed on
-CUDA by backends/model_setup.py (backends/placement.py says how).
+defaults (so every client, not only `model.openai_client()`, gets them) and to the trainer's tokenisation, so what
+is trained is rendered as what was sampled. Keys with no meaning here (GPU-only settings on a CPU, flags vLLM no
+longer has, `chat_template_content_format`) are accepted and reported once each by `report_ignored`. A near miss of
+a key ART lists in full (the top level, `init_args`, LoRA's: `max_seq_len`) is an error with the nearest names (in
+engine_args and trainer_args, whose options are vLLM's and TRL's, it is said in the warning), and so is a value of
+the wrong type or range, named as it was written (`_internal_config["init_args"]["max_seq_length"]`). ART's
+dedicated mode (`trainer_gpu_ids` with `inference_gpu_ids`) is checked here on any machine and placed on CUDA by
+backends/model_setup.py (backends/placement.py says how).
 """
 
 from __future__ import annotations
