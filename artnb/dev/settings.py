@@ -237,7 +237,26 @@ def _chat_template(text: object, path: object) -> str | None:
             "_internal_config's chat template is empty; leave chat_template and chat_template_path out for the "
             "model's own template"
         )
+    if text is not None:
+        _check_template_syntax(text, "chat_template_path" if path is not None else "chat_template")
     return text
+
+
+def _check_template_syntax(text: str, key: str) -> None:
+    """A template that does not parse is refused at register, not at the first request or step. Compiled as
+    transformers compiles chat templates (its extensions, e.g. `{% generation %}`, included)."""
+    try:
+        from jinja2 import TemplateSyntaxError
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a transformers without it: the engines report the error at the first rendering
+        return
+    try:
+        _compile_jinja_template(text)
+    except TemplateSyntaxError as error:
+        raise ValueError(
+            f'_internal_config["{key}"]: the chat template does not parse (jinja2, line {error.lineno}: '
+            f"{error.message}); fix it, or leave {key} out for the model's own template"
+        ) from None
 
 
 def template_read_here(config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

@@ -232,6 +232,11 @@ def test_bad_chat_templates_are_refused_at_register(tmp_path):
         resolve({"chat_template": ["{{ x }}"]})
     with pytest.raises(ValueError, match="chat template is empty"):
         resolve({"chat_template": " \n"})
+    with pytest.raises(
+        ValueError,
+        match=r'_internal_config\["chat_template"\]: the chat template does not parse \(jinja2, line 2',
+    ):
+        resolve({"chat_template": "{% for m in messages %}\n{{ m.content }}{% endfor"})
     missing = tmp_path / "missing.jinja"
     with pytest.raises(
         ValueError, match=r"chat_template_path.*missing.jinja.* could not be read \(FileNotFound"

@@ -651,8 +651,10 @@ def grpo_sequences(
     trainable = [s for s in sequences if any(s.assistant_mask[1:])]
     if not trainable:
         raise ValueError(
-            "no trainable tokens: every assistant_mask is False after the first token. Check that the "
-            "trajectories have assistant turns with logprobs (or set allow_training_without_logprobs)"
+            f"no trainable tokens in any of the {len(sequences)} sequences (no assistant token after the "
+            "first). Either the assistant turns are plain dicts without logprobs (return the engine's Choice "
+            "objects, or set TrainConfig.allow_training_without_logprobs=True) or every sampled completion is "
+            "empty (max_tokens=0, or a stop at the first token)"
         )
     if config.advantage_balance:
         trainable = [
