@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from ..core.model import Model, TrainableModel, TrainResult
 from ..core.store import RunStore
 from ..core.train_request import Committed, SFTRequest, TrainOutcome, TrainRequest
 from ..core.trajectory import TrajectoryGroup
+from ..dev.settings import InternalSettings
 from ..models import adapter_directory, resolve_base_model
 from . import run_writers
 from .art_spellings import ArtTrainSpellings
@@ -233,7 +235,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         cuda = on_cuda()
         settings = model_settings(model, base_path, self.gpu_preset, on_cuda=cuda)
         apply_placement(settings, self.trainer, base_path, self.trainer_config, on_cuda=cuda)
-        await asyncio.to_thread(_check_run_settings, store, model)
+        await asyncio.to_thread(_check_run_settings, store, model, settings)
 
         async def start_engine(model: TrainableModel) -> Engine:
             return await self.launcher.start(base_path, model, store, settings)
@@ -273,7 +275,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
             else:
                 await served.on_trainer_thread(trainer.load_checkpoint, store.checkpoint_path(step))
             await served.ensure_engine()
-            await asyncio.to_thread(store.write_model_info, _model_info(model))  # only once it serves
+            await asyncio.to_thread(store.write_model_info, _model_info(model, settings))  # once it serves
             return served
         except BaseException:
             if trainer_task is not None:
@@ -447,15 +449,16 @@ def _checked_options(
     return trainer_config, engine_options
 
 
-def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
+def _check_run_settings(store: RunStore, model: TrainableModel, settings: InternalSettings) -> None:
     """A run's checkpoints continue only on the base model and LoRA shape they were trained with (model.json).
     Another base with the same shapes would load silently and train a mismatched adapter; another shape fails
-    deep in PEFT. Both are refused here, before the run is touched."""
+    deep in PEFT. Both are refused here, before the run is touched. Another chat rendering (template or its
+    kwargs) is allowed, a template fix is a fair reason, but said: the next steps sample and train otherwise."""
     step = store.latest_step()
     recorded = store.read_model_info() if step is not None else None
     if recorded is None:
         return  # nothing to compare against (register writes it once the model serves)
-    info, now = store.model_info_path, _model_info(model)
+    info, now = store.model_info_path, _model_info(model, settings)
     changed = (
         [f"base_model {recorded['base_model']!r} -> {now['base_model']!r}"]
         if ("base_model" in recorded and recorded["base_model"] != now["base_model"])
@@ -467,6 +470,13 @@ def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
         if key in old_lora and old_lora[key] != now["lora"].get(key):
             changed.append(f"lora.{key} {old_lora[key]!r} -> {now['lora'].get(key)!r}")
     if not changed:
+        if "chat_rendering" in recorded and recorded["chat_rendering"] != now["chat_rendering"]:
+            warn_user(
+                f"artnb: run {model.project}/{model.storage_name} rendered its chats with "
+                f"{_rendering(recorded['chat_rendering'])} up to step {step}; from now on with "
+                f"{_rendering(now['chat_rendering'])}, so the next steps sample and train text the earlier ones "
+                f"did not. If that is not meant, register with the rendering recorded under chat_rendering in {info}"
+            )
         return
     start_over = (
         f"; it has not trained yet, so deleting {store.dir} starts it over with the new settings"
@@ -482,9 +492,25 @@ def _check_run_settings(store: RunStore, model: TrainableModel) -> None:
     )
 
 
-def _model_info(model: Model) -> dict[str, Any]:
-    """What model.json records: the model's settings, never its API key."""
-    return model.model_dump(mode="json", exclude={"inference_api_key"})
+def _model_info(model: Model, settings: InternalSettings | None = None) -> dict[str, Any]:
+    """What model.json records: the model's settings, never its API key, and for a trained model how its chats
+    are rendered (the chat template's sha256, None for the model's own, and the template kwargs)."""
+    info = model.model_dump(mode="json", exclude={"inference_api_key"})
+    if settings is not None:
+        template = settings.chat_template
+        info["chat_rendering"] = {
+            "chat_template_sha256": None
+            if template is None
+            else hashlib.sha256(template.encode()).hexdigest(),
+            "chat_template_kwargs": settings.chat_template_kwargs,
+        }
+    return info
+
+
+def _rendering(rendering: Mapping[str, Any]) -> str:
+    sha = rendering.get("chat_template_sha256")
+    template = "the model's own chat template" if sha is None else f"the chat template sha256 {sha[:12]}"
+    return f"{template} and chat_template_kwargs {rendering.get('chat_template_kwargs') or {}}"
 
 
 def _say_which_run(path: str | Path, model: TrainableModel, store: RunStore) -> None:

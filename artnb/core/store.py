@@ -1,7 +1,8 @@
 """The run directory: the one place that knows its layout, how each file in it is written, and who may write.
 
 Layout under `{path}/{project}/models/{name}/` (`name` is the model's `storage_name`: its run_name, else its name):
-    model.json                       the model's settings at its last register (never its API key)
+    model.json                       the model's settings at its last register (never its API key) and its
+                                     chat rendering (template sha256, template kwargs), checked on resume
     .lock                            held (an OS file lock) by the one process that trains the run; names it
     checkpoints/{step:04d}/          a committed step: LoRA adapter, optimizer.pt, commit.json
     checkpoints/{step:04d}/rollouts.parquet   present until that step's rollouts and history row are published

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import json
 import re
 import signal
 import subprocess
@@ -98,6 +99,22 @@ async def test_a_run_refuses_another_base_model_or_lora_shape_and_keeps_its_reco
         again = art.TrainableModel(name="agent", project="p", base_model=base)
         await again.register(backend)  # the run's own settings still resume it
         assert await again.get_step() == 1
+    assert json.loads(record.read_text())["chat_rendering"] == {
+        "chat_template_sha256": None,
+        "chat_template_kwargs": {},
+    }
+    # another rendering is allowed (a template fix is a fair reason) but said, and then recorded
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        kwargs = {"enable_thinking": False}
+        rendered = art.TrainableModel(
+            name="agent", project="p", base_model=base, _internal_config={"chat_template_kwargs": kwargs}
+        )
+        with pytest.warns(
+            UserWarning, match=r"model's own chat template and chat_template_kwargs \{\} up to step 1"
+        ):
+            await rendered.register(backend)
+        assert await rendered.get_step() == 1
+    assert json.loads(record.read_text())["chat_rendering"]["chat_template_kwargs"] == kwargs
 
 
 async def test_run_name_names_a_new_run_served_under_the_same_name(tmp_path, base):
