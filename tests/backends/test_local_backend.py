@@ -1,8 +1,8 @@
 """LocalBackend end to end on a tiny random model: register, serve, train, checkpoints, resume, failures."""
 
 import asyncio
-import os
 import json
+import os
 import re
 import signal
 import subprocess
