@@ -292,7 +292,8 @@ def test_bad_inputs_raise(tiny):
     untrainable = make_sequences(1)[0]
     untrainable.assistant_mask = [True] + [False] * (len(untrainable.token_ids) - 1)
     with pytest.raises(
-        ValueError, match="no trainable tokens in any of the 1 sequences.*or every sampled completion is empty"
+        ValueError,
+        match="no trainable tokens in any of the 1 sequences.*or every sampled completion is empty",
     ):
         trainer.train([untrainable], config)
     too_long = make_sequences(1)[0]
