@@ -47,7 +47,7 @@ class EngineLauncher:
         kind = await self._kind()
         engine = self.make(kind, base_path, model, store, settings)
         try:
-            await engine.start()
+            await _started(engine)
         except RuntimeError as error:
             if self.requested != "auto" or kind != "vllm":
                 raise
@@ -55,7 +55,7 @@ class EngineLauncher:
                 f"artnb: {error}\nUsing the HF engine instead; pass LocalBackend(engine='hf') to skip trying vLLM."
             )
             engine = self.make("hf", base_path, model, store, settings)
-            await engine.start()
+            await _started(engine)
         return engine
 
     async def _kind(self) -> str:
@@ -145,3 +145,16 @@ def on_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+async def _started(engine: Engine) -> Engine:
+    """`engine.start()`; a start that fails or is interrupted (the notebook's stop button) stops the server it
+    launched, which would otherwise serve on, unowned, until the kernel exits (a re-run would start another)."""
+    try:
+        await engine.start()
+    except BaseException:
+        await asyncio.shield(
+            asyncio.ensure_future(engine.stop())
+        )  # a second interrupt: it stops in the background
+        raise
+    return engine

@@ -36,7 +36,7 @@ from ..core.contracts import Engine, Trainer
 from ..core.ignored import report_ignored, warn_user
 from ..core.model import Model, TrainableModel, TrainResult
 from ..core.store import RunStore
-from ..core.train_request import Committed, SFTRequest, TrainOutcome, TrainRequest
+from ..core.train_request import Committed, CommittedWhileCancelled, SFTRequest, TrainOutcome, TrainRequest
 from ..core.trajectory import TrajectoryGroup
 from ..dev.settings import InternalSettings
 from ..models import adapter_directory, resolve_base_model
@@ -364,8 +364,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         extra_row = {}
         if request.after_each_failures is not None:  # from gather_trajectory_groups
             extra_row[names.AFTER_EACH_FAILURES] = len(request.after_each_failures)
-        step = TrainStep(served, request.groups, config, extra_row)
-        return _outcome(served, step, await step.run())
+        return await _run(served, TrainStep(served, request.groups, config, extra_row))
 
     async def train_sft_step(self, model: TrainableModel, request: SFTRequest) -> TrainOutcome:
         """Supervised fine-tuning on the assistant turns of the request's trajectories: one optimizer step per
@@ -378,8 +377,7 @@ class LocalBackend(ArtTrainSpellings, RunOperations):
         served = self._get(model)
         config = with_max_seq_length(request.config, served.settings)
         groups = [TrajectoryGroup(request.trajectories)] if request.trajectories else []
-        step = TrainStep(served, groups, config)
-        return _outcome(served, step, await step.run())
+        return await _run(served, TrainStep(served, groups, config))
 
     async def log(
         self, model: Model, split: str, step: int, row: dict[str, Any], groups: Sequence[TrajectoryGroup]
@@ -399,6 +397,17 @@ def _check_trainer(trainer: str) -> None:
 
         # no GPU or no package fails here; whether `import unsloth` works is checked at register
         choose_trainer(trainer, on_cuda=True, unsloth_problem=unsloth_problem(try_import=False))
+
+
+async def _run(served: ServedModel, step: TrainStep) -> TrainOutcome:
+    """Run the step; cancelled once its trainer had started, it committed first and says so (the model records
+    the step, so that its caller can be told the batch is trained)."""
+    try:
+        return _outcome(served, step, await step.run())
+    except asyncio.CancelledError:
+        if step.finished is None:
+            raise
+        raise CommittedWhileCancelled(_outcome(served, step, step.finished)) from None
 
 
 def _outcome(served: ServedModel, step: TrainStep, result: TrainResult) -> TrainOutcome:

@@ -19,7 +19,8 @@ Between the commit and publish the trainer gives its cached GPU memory back (`fr
 asleep on the same GPU while it is held, can wake to load the new adapter; it does so after a failed train too.
 
 Cancellation (a cell interrupt, `asyncio.wait_for`): the step runs in a task of its own. Cancelled before the
-trainer starts, the step stops there; after, the caller waits for the commit and then sees the cancellation.
+trainer starts, the step stops there; after, the caller waits for the commit and then sees the cancellation, as
+`CommittedWhileCancelled` (local.py) carrying what the step produced, which the model records and says.
 
 Each phase is logged at DEBUG on the "artnb" logger with `record.artnb_phase` (the reliability tests kill a
 training process at each one). Warnings are collected and shown in the caller's frame when `run` returns.
@@ -75,6 +76,7 @@ class TrainStep:
         self.irreversible = False  # past "train": the step commits even if the caller is cancelled
         self.notes: list[str] = []
         self.started = 0.0
+        self.finished: TrainResult | None = None  # what the step produced though its caller was cancelled
 
     async def run(self) -> TrainResult:
         """Run the step in its own task; see the module docstring for what cancelling the caller does."""
@@ -87,6 +89,8 @@ class TrainStep:
                 await asyncio.wait([task])
                 raise
             await _wait_through_cancellation(task)  # the trainer is running: let the step commit first
+            if not task.cancelled() and task.exception() is None:
+                self.finished = task.result()
             raise
         finally:
             for note in self.notes:

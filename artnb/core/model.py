@@ -23,12 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidatorFunctio
 from . import costs
 from . import metric_names as names
 from .config import LoRAConfig, TrainConfig, art_lora_fields, check_internal_config
-from .ignored import report_ignored
+from .ignored import report_ignored, warn_user
 from .metrics_builder import MetricsBuilder
 from .names import check_name, check_split, check_step
 from .reporting import ModelReporting, metric_names, what_reports
-from .store import RunStore
-from .train_request import SFTRequest, TrainOutcome, TrainRequest, TrainResult
+from .store import RunInUseError, RunStore
+from .train_request import CommittedWhileCancelled, SFTRequest, TrainOutcome, TrainRequest, TrainResult
 from .trajectory import PendingGroup, Trajectory, TrajectoryGroup, check_trajectories, real_number
 
 if TYPE_CHECKING:
@@ -226,6 +226,12 @@ class Model(BaseModel, Generic[ModelConfig]):
         self.base_path = str(backend.path)
         try:
             await backend.register(self)
+        except RunInUseError:
+            # the run is another process's to write, and this model's to read (model.history()) meanwhile
+            self._backend = previous[0]
+            if previous[0] is not None:
+                self.base_path = previous[1]
+            raise
         except BaseException:
             self._backend, self.base_path = previous
             raise
@@ -503,7 +509,12 @@ class TrainableModel(Model[ModelConfig]):
             options["verbose"] = True
         backend = self._require_backend()
         request = TrainRequest.build(trajectory_groups, config, options)
-        outcome = await backend.train_step(self, request)
+        try:
+            outcome = await backend.train_step(self, request)
+        except CommittedWhileCancelled as cancelled:
+            await self._record(request.groups, cancelled.outcome, request.config)
+            _say_committed(cancelled.outcome, "these groups")
+            raise
         await self._record(request.groups, outcome, request.config)
         if self._temperature_annealer is not None:  # ART: each train call moves the schedule on
             self._default_temperature = float(self._temperature_annealer.step())
@@ -543,7 +554,13 @@ class TrainableModel(Model[ModelConfig]):
                 "train_sft(log_metrics=False) for history.jsonl",
                 "an SFT step's history row is part of its commit; it is only kept from W&B, Trackio and Langfuse",
             )
-        outcome = await backend.train_sft_step(self, request)
+        try:
+            outcome = await backend.train_sft_step(self, request)
+        except CommittedWhileCancelled as cancelled:
+            if cancelled.outcome.committed is not None and log_metrics:
+                self.reporting.row_logged(cancelled.outcome.committed.row, config=request.config)
+            _say_committed(cancelled.outcome, "these trajectories")
+            raise
         if outcome.committed is not None and log_metrics:
             self.reporting.row_logged(outcome.committed.row, config=request.config)
         if verbose:
@@ -683,6 +700,17 @@ def _train_batch(trajectory_groups: Any) -> Any:
         if not isinstance(item, TrajectoryGroup):
             raise TypeError(f"{wanted} (got {type(item).__name__} at index {i}); {_group_fix(item)}")
     return trajectory_groups
+
+
+def _say_committed(outcome: TrainOutcome, what: str) -> None:
+    """The stop button pressed while the trainer ran: the step committed first, so the cell's batch is trained
+    and running the cell again would train it a second time."""
+    step = outcome.result.step
+    warn_user(
+        f"artnb: interrupted while training, after the trainer had started: step {step} was committed first, so "
+        f"{what} are trained and the model serves step {step}. Running the cell again would train them twice; "
+        "gather a new batch instead"
+    )
 
 
 def _check_train_configs(config: Any, dev_config: Any) -> None:

@@ -9,6 +9,7 @@ no backend writes into a model.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
@@ -118,3 +119,12 @@ class TrainOutcome:
 
     result: TrainResult
     committed: Committed | None = None
+
+
+class CommittedWhileCancelled(asyncio.CancelledError):
+    """The caller was cancelled (a cell interrupt) after the step's trainer had started, so the step committed
+    first: still a cancellation to asyncio, carrying what the step produced for the model to record."""
+
+    def __init__(self, outcome: TrainOutcome) -> None:
+        super().__init__(f"cancelled after step {outcome.result.step} was committed")
+        self.outcome = outcome

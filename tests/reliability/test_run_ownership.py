@@ -67,7 +67,8 @@ async def test_a_second_process_cannot_write_a_run_but_can_read_it(tmp_path, bas
             with pytest.raises(art.RunInUseError, match=rf"process {child.pid} on .*close that backend"):
                 await model.register(backend)
             assert engine_children() == before  # refused before starting anything
-            assert model.history().empty  # reading needs no lock
+            # reading needs no lock, and reads that run (not the default ./.art)
+            assert model.store.dir == tmp_path / "p/models/agent" and model.history().empty
             plot = art.widgets.RewardPlot(model.store.dir)
             assert plot.store.dir == model.store.dir
         child.stdin.close()  # the child closes its backend and exits
@@ -172,11 +173,17 @@ async def test_a_cancelled_train_commits_first_then_raises(tmp_path, base):
         finally:
             logger.removeHandler(training)
             logger.setLevel(logging.NOTSET)
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        with pytest.warns(UserWarning, match="step 1 was committed first, so these groups are trained"):
+            with pytest.raises(asyncio.CancelledError):
+                await task
         # memory, disk and the served adapter agree on step 1
         assert await model.get_step() == 1 and model.store.steps() == [0, 1]
         assert list(model.history()["step"]) == [0]
+        # ART's next call, logging the batch, adds to the step that trained it (no second row, no step 1 files)
+        await model.log(groups, split="train", metrics={"after_interrupt": 1.0})
+        history = model.history()
+        assert list(history["step"]) == [0] and history.iloc[0]["train/after_interrupt"] == 1.0
+        assert not (model.store.dir / "trajectories/train/0001.parquet").exists()
         assert trainer_matches_checkpoint(backend, model)
         reply = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=2
@@ -234,6 +241,24 @@ async def test_a_failed_register_stops_its_engine_and_frees_the_run(tmp_path, ba
         assert engine_children() == before
         await model.register(backend)  # the lock was released
         assert await model.get_step() == 0
+
+
+async def test_an_interrupted_register_stops_the_engine_it_was_starting(tmp_path, base):
+    """The stop button pressed while the engine loads: no server is left running unowned (a re-run would
+    start a second one), and registering again works."""
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    before = engine_children()
+    async with art.LocalBackend(path=tmp_path, engine="hf") as backend:
+        task = asyncio.create_task(model.register(backend))
+        while not engine_children() - before:  # the engine process is starting
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine_children() == before
+        await model.register(backend)
+        assert len(engine_children() - before) == 1 and await model.get_step() == 0
+    assert engine_children() == before
 
 
 async def test_the_engine_key_stays_out_of_reprs_and_files(tmp_path, base):
