@@ -58,7 +58,16 @@ class EngineTransport(httpx.AsyncBaseTransport):
             # (for a raised error it retries, then says only "Connection error.")
             return httpx.Response(404, json={"error": {"message": str(error), "type": "not_registered"}})
         if not served.engine_current():
-            await served.ensure_engine()
+            try:
+                await served.ensure_engine()
+            except Exception as error:
+                # an answer the SDK does not retry: each retry would start the engine again, and the SDK's
+                # "Connection error." would hide why it could not
+                return httpx.Response(
+                    503,
+                    headers={"x-should-retry": "false"},
+                    json={"error": {"message": _unavailable(served, error), "type": "engine_unavailable"}},
+                )
         # A restarted engine has a new port and key; a client made before the restart still reaches it.
         port = httpx.URL(served.engine.base_url).port
         if port != self.port:
@@ -133,3 +142,11 @@ class EngineTransport(httpx.AsyncBaseTransport):
 
 def _connection_pool() -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+
+
+def _unavailable(served: ServedModel, error: Exception) -> str:
+    return (
+        f"the inference engine for {served.model.name!r} could not be started or could not serve step "
+        f"{served.step} ({type(error).__name__}: {error}); fix the cause and send the request again: the next "
+        "request starts it again"
+    )

@@ -56,6 +56,7 @@ class ServedModel:
     bill: HourlyBill | None = None  # the backend's price per hour, shared by its models (machine_bill.py)
     step_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step (or run operation) at a time
     restart_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    failed_start: str | None = None  # why the last restart failed (the dead engine's exit code is old news)
 
     async def on_trainer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the trainer's thread. All trainer work stays on one thread: glibc gives each thread
@@ -78,14 +79,26 @@ class ServedModel:
         """Restart the engine if its process died, and make it serve the newest committed step."""
         async with self.restart_lock:
             if not self.engine.alive():
-                log.warning(
-                    "artnb: the inference engine for %r exited (code %s); restarting it. Its log: %s",
-                    self.model.name,
-                    self.engine.returncode,
-                    self.store.logs,
-                )
+                if self.failed_start is None:
+                    log.warning(
+                        "artnb: the inference engine for %r exited (code %s); restarting it. Its log: %s",
+                        self.model.name,
+                        self.engine.returncode,
+                        self.store.logs,
+                    )
+                else:
+                    log.warning(
+                        "artnb: starting the inference engine for %r again; the last try failed: %s",
+                        self.model.name,
+                        self.failed_start,
+                    )
                 await self.engine.stop()
-                self.engine = await self.start_engine(self.model)
+                try:
+                    self.engine = await self.start_engine(self.model)
+                except Exception as error:
+                    self.failed_start = f"{type(error).__name__}: {error}"
+                    raise
+                self.failed_start = None
                 self.serving_step = None
                 self.point_model_at_engine()
                 if self.default_temperature is not None:

@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import warnings
@@ -296,6 +297,49 @@ async def test_a_dead_engine_is_restarted_by_the_next_call(tmp_path, base):
         assert "agent@0" in {m.id for m in listed.data}
         groups = await gather(model, 0)
         assert (await model.train(groups, learning_rate=1e-2)).step == 1
+
+
+async def test_an_engine_that_cannot_restart_says_why_once(tmp_path, base, caplog):
+    """The SDK retries what it takes for a lost connection: a restart that fails is answered (503, not to be
+    retried) with its cause, instead of three more starts and "Connection error."."""
+    weights = tmp_path / "model"
+    shutil.copytree(base, weights)
+    model = art.TrainableModel(name="agent", project="p", base_model=str(weights))
+    async with art.LocalBackend(path=tmp_path / "runs", engine="hf") as backend:
+        await model.register(backend)
+        logs = model.store.logs
+        starts = len(list(logs.glob("hf_engine_*.log")))
+        (weights / "model.safetensors").rename(weights / "hidden")
+        engine = backend.engine_of(model)
+        os.kill(engine.pid, signal.SIGKILL)
+        while engine.alive():
+            await asyncio.sleep(0.05)
+        with pytest.raises(
+            openai.InternalServerError, match=r"could not be started .*exited with code 1"
+        ) as error:
+            await pick(model, seed=1)
+        assert error.value.status_code == 503
+        assert len(list(logs.glob("hf_engine_*.log"))) == starts + 1  # one try, not one per SDK retry
+        (weights / "hidden").rename(weights / "model.safetensors")
+        caplog.clear()
+        traj = await pick(model, seed=1)  # fixed: the next request starts it
+        assert traj.messages_and_choices[-1].message.content in CHOICES
+        assert "the last try failed: RuntimeError" in caplog.text and "code -9" not in caplog.text
+
+
+async def test_an_engine_start_that_takes_too_long_names_the_setting_that_gives_it_longer(tmp_path, base):
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    slow = art.LocalBackend(path=tmp_path, engine="hf", engine_options={"start_timeout_s": 0.2})
+    async with slow as backend:
+        with pytest.raises(
+            TimeoutError, match=r"(?s)not ready after 0.2s.*engine_options=\{'start_timeout_s': 600\}"
+        ):
+            await model.register(backend)
+    with pytest.raises(ValueError, match=r"start_timeout_s=0: pass a positive number"):
+        async with art.LocalBackend(
+            path=tmp_path, engine="hf", engine_options={"start_timeout_s": 0}
+        ) as backend:
+            await model.register(backend)
 
 
 async def test_reward_rises_on_a_trivially_learnable_task(tmp_path, base):

@@ -136,9 +136,10 @@ class EngineProcess:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise TimeoutError(
-                        f"{self.name} was not ready after {timeout:.0f}s and was stopped; full log: "
+                        f"{self.name} was not ready after {timeout:g}s and was stopped; full log: "
                         f"{self.log_path}. Last lines:\n{self.log_tail()}\nIf the log shows no error, the model "
-                        f"may just be slow to load: pass a larger timeout."
+                        f"may just be slow to load: give it longer, LocalBackend(engine_options={{'start_timeout_s': "
+                        f"{max(2 * timeout, 600):.0f}}})."
                     )
                 if live or time.monotonic() - shown > 15:
                     bar.set_postfix_str(self.log_tail(1).strip()[-80:])
@@ -205,6 +206,7 @@ class ServerEngine:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
+        start_timeout_s: float | None = None,
         chat_template: str | None = None,
         default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
@@ -212,6 +214,7 @@ class ServerEngine:
             ("max_request_bytes", max_request_bytes),
             ("control_timeout_s", control_timeout_s),
             ("hold_timeout_s", hold_timeout_s),
+            ("start_timeout_s", 1 if start_timeout_s is None else start_timeout_s),
         ]:
             if value <= 0:
                 raise ValueError(f"{name}={value}: pass a positive number")
@@ -222,6 +225,7 @@ class ServerEngine:
         self.api_key = secrets.token_urlsafe(24)
         self.max_request_bytes = max_request_bytes
         self.control_timeout_s, self.hold_timeout_s = control_timeout_s, hold_timeout_s
+        self.start_timeout_s = start_timeout_s  # None: the engine's own default (start())
         self.chat_template = chat_template
         self.default_chat_template_kwargs = dict(default_chat_template_kwargs or {})
         json.dumps(self.default_chat_template_kwargs)  # a TypeError now, not a server that cannot start

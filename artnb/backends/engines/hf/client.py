@@ -53,7 +53,8 @@ class HFEngine(ServerEngine):
         this engine's configuration, not a request's). default_chat_template_kwargs: the template's variables
         for every request (e.g. {"enable_thinking": False}); a request's own `chat_template_kwargs` override
         them key by key. vLLM's `--chat-template` / `--default-chat-template-kwargs`, with the same meaning.
-    control_timeout_s, hold_timeout_s: how long control calls and hold() wait for an answer (child_process.py).
+    control_timeout_s, hold_timeout_s: how long control calls and hold() wait for an answer (child_process.py);
+      start_timeout_s: how long a start may take before it is given up (default 300 s).
     merge_newest: serve each family's newest adapter (what plain `agent` resolves to, the one RL samples
         from) with its weights merged into the base linear layers, so it decodes at the base model's speed
         (unmerged LoRA made the engine ~30% slower on a CPU). None (default): on for CPU, off for CUDA, where
@@ -83,6 +84,7 @@ class HFEngine(ServerEngine):
         trust_request_chat_template: bool = False,
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
+        start_timeout_s: float | None = None,
         merge_newest: bool | None = None,
         omp_wait_policy: str = "auto",
         chat_template: str | None = None,
@@ -101,6 +103,7 @@ class HFEngine(ServerEngine):
             max_request_bytes=max_request_bytes,
             control_timeout_s=control_timeout_s,
             hold_timeout_s=hold_timeout_s,
+            start_timeout_s=start_timeout_s,
             chat_template=chat_template,
             default_chat_template_kwargs=default_chat_template_kwargs,
         )
@@ -108,7 +111,7 @@ class HFEngine(ServerEngine):
         self.trust_request_chat_template = trust_request_chat_template
         self.merge_newest, self.omp_wait_policy = merge_newest, omp_wait_policy
 
-    async def start(self, timeout: float = 300) -> None:
+    async def start(self, timeout: float | None = None) -> None:
         """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
         self._claim_port()
         omp = omp_environment(self.omp_wait_policy)
@@ -136,6 +139,7 @@ class HFEngine(ServerEngine):
                 "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
             ]  # fmt: skip
 
+        timeout = timeout or self.start_timeout_s or 300
         await self._launch_until_ready(command, env, timeout)
 
     async def load_adapter(self, lora_name: str, lora_path: str) -> None:

