@@ -60,7 +60,13 @@ def style_reward_figure(
         template="plotly_white",
         height=380,
     )
-    fig.update_xaxes(dtick=1 if last_step <= 20 else None, tickformat="d")
+    step_axis(fig, last_step)
+
+
+def step_axis(fig: go.Figure | go.FigureWidget, last_step: int) -> None:
+    """Steps are whole numbers: one tick per step for a short run (plotly would add halves, and `tickformat="d"`
+    would print them as repeated integers), plotly's own spacing (whole numbers at that range) for a long one."""
+    fig.update_xaxes(dtick=1 if last_step <= 20 else None, tick0=0, tickformat="d")
 
 
 def reward_figure(
@@ -154,12 +160,14 @@ def off_policy_figure(history: pd.DataFrame, title: str = "how off-policy each s
     updates). Steps without a value (a synchronous loop records no lag) are left out of that line."""
     rows = history[history["split"] == "train"] if "split" in history.columns else history.iloc[:0]
     fig = go.Figure()
+    last_step = 0
     for column, (label, axis) in OFF_POLICY.items():
         if column not in rows.columns:
             continue
         values = rows.groupby("step")[column].max().dropna()
         if values.empty:
             continue
+        last_step = max(last_step, int(values.index.max()))
         fig.add_trace(
             go.Scatter(
                 x=values.index.tolist(),
@@ -180,5 +188,5 @@ def off_policy_figure(history: pd.DataFrame, title: str = "how off-policy each s
         height=300,
         legend={"orientation": "h", "y": -0.25},
     )
-    fig.update_xaxes(tickformat="d")
+    step_axis(fig, last_step)
     return fig

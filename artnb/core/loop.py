@@ -8,6 +8,8 @@
   (`backend.train` commits them with the step's checkpoint).
 - Progress is reported as events to listeners (`loop.on(fn)`): phase changes, rollouts finished, scoring
   progress, seconds spent training against the previous step's duration, groups gathered, steps trained.
+  A listener that raises is warned about once and never stops the loop: a display bug must not hide the
+  loop's own error (e.g. a rollout's non-finite reward) behind its own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Literal
 from . import metric_names as names
 from .config import TrainConfig
 from .gather import gather_trajectory_groups
+from .ignored import warn_user
 from .model import TrainableModel, TrainResult
 from .trajectory import Trajectory, TrajectoryGroup
 
@@ -87,6 +90,7 @@ class TrainingLoop:
         self.stop_requested = False
         self._busy = False
         self._listeners: list[Callable[[LoopEvent], None]] = []
+        self._failed_listeners: set[int] = set()  # ids of listeners already warned about (they stay listed)
 
     # events -------------------------------------------------------------------------------------------
     def on(self, listener: Callable[[LoopEvent], None]) -> None:
@@ -95,7 +99,16 @@ class TrainingLoop:
 
     def _emit(self, event: LoopEvent) -> None:
         for listener in self._listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception as error:  # a display bug must not abort a gather or hide the real error
+                if id(listener) not in self._failed_listeners:
+                    self._failed_listeners.add(id(listener))
+                    name = getattr(listener, "__qualname__", repr(listener))
+                    warn_user(
+                        f"artnb: TrainingLoop listener {name} raised {type(error).__name__}: {error}; "
+                        "the loop goes on (this warning is shown once per listener)"
+                    )
 
     def _set_phase(self, phase: Phase) -> None:
         self.phase = phase

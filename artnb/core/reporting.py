@@ -10,10 +10,16 @@ Design choices, and why:
   config) and `client_created` for each OpenAI client `model.openai_client()` makes, so a tracer sees every
   chat completion. A reporter started after the client was made is given that client when it starts.
 - A reporter that fails warns once per model and is never allowed to stop training.
+- Row listeners (`model.reporting.on_row(fn)`) are for views in the same process, e.g. a live RewardPlot: they
+  are called after the reporters with each recorded row; a bound method is held weakly (a plot nobody shows any
+  more is not kept alive by the model it plots). Like reporters, they warn once when they fail, never stopping
+  training.
 """
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +50,7 @@ class Reporter(Protocol):
 
 
 ReporterFactory = Callable[["Model"], "Reporter | None"]  # a model's reporter, or None when not asked for
+RowListener = Callable[[dict[str, Any]], None]  # called with each history row the model records
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,9 @@ class ModelReporting:
         self._reporters: list[Reporter] | None = None
         self._client: Any = None  # the model's newest OpenAI client, for reporters started after it was made
         self._warned: set[str] = set()
+        self._row_listeners: list[
+            Callable[[], RowListener | None]
+        ] = []  # each gives its listener, or None once gone
 
     def reporters(self) -> list[Reporter]:
         """The model's reporters, started on first use."""
@@ -113,6 +123,16 @@ class ModelReporting:
         """The reporters running now, without starting any."""
         return list(self._reporters or ())
 
+    def on_row(self, listener: RowListener) -> None:
+        """Call `listener(row)` after each history row the model records (train steps, `model.log`).
+
+        A bound method is held weakly, so it is called while its object (e.g. a plot) lives; any other callable
+        is kept. Example: `model.reporting.on_row(lambda row: print(row["step"], row.get("train/reward")))`."""
+        if inspect.ismethod(listener):
+            self._row_listeners.append(weakref.WeakMethod(listener))
+        else:
+            self._row_listeners.append(lambda: listener)
+
     def row_logged(
         self, row: dict[str, Any], groups: Sequence[TrajectoryGroup] = (), config: BaseModel | None = None
     ) -> None:
@@ -124,6 +144,16 @@ class ModelReporting:
                 self._warn_once(
                     reporter.name,
                     f"failed to record step {row.get('step')} ({type(error).__name__}: {error})",
+                )
+        alive = [(ref, listener) for ref in self._row_listeners if (listener := ref()) is not None]
+        self._row_listeners = [ref for ref, _ in alive]
+        for _, listener in alive:
+            try:
+                listener(row)
+            except Exception as error:
+                self._warn_once(
+                    f"row listener {getattr(listener, '__qualname__', repr(listener))}",
+                    f"failed on step {row.get('step')} ({type(error).__name__}: {error})",
                 )
 
     def client_created(self, client: Any) -> Any:

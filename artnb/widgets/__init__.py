@@ -5,10 +5,13 @@
 - `RulerComparison(group_or_groups, judge=...)`: your reward beside RULER's score; edit the rubric, re-score.
 - `TrainingPanel(model, rollout, scenarios)`: Gather, Score, Train step, Run N, Stop; live plot and groups.
 - `ScenarioEditor(scenarios)`: AutoRL's generated scenarios as editable rows; `.scenarios` validates them.
-- `RewardPlot(model_or_run_dir)`: mean reward (or any metric) per step with a spread band, live or from disk.
-- `OffPolicyPlot(model_or_run_dir)`: each step's policy lag and importance-ratio spread (pipelined training).
+- `RewardPlot(model_or_run_dir)`: mean reward (or any metric) per step with a spread band; given a model it
+  redraws as the model records steps, given a run directory it redraws on `refresh()`.
+- `OffPolicyPlot(model_or_run_dir)`: each step's policy lag and importance-ratio spread (pipelined training);
+  live for a model like RewardPlot.
 
-They are plain ipywidgets and plotly FigureWidgets (tested in JupyterLab 4.6 by tests/widgets/test_browser.py).
+They are plain ipywidgets and plotly FigureWidgets (tested in JupyterLab 4.6 by tests/widgets/test_browser.py),
+coloured with JupyterLab's theme variables where there are some, so a dark theme stays readable.
 In Colab, importing this module turns on Colab's custom widget manager (needed for ipywidgets 8 and plotly's
 FigureWidget there), so users need no extra cell.
 """

@@ -4,7 +4,8 @@ A button handler must return at once: Jupyter delivers clicks on the kernel's ev
 awaited a training step there would freeze the kernel (no other cell, no widget update) until it ended. So
 handlers only schedule a task. The loop is remembered when the panel is built (cells run inside it), so a
 click delivered from another thread still lands on the loop that owns the model's HTTP clients and locks.
-Failures are shown in the panel's Output widget, not lost in a task nobody awaits.
+Failures are shown in the panel's Output widget, not lost in a task nobody awaits: the exception's message first
+(the box is short), then the traceback.
 """
 
 from __future__ import annotations
@@ -72,4 +73,7 @@ class Background:
             return
         exc = task.exception()
         if exc is not None:
-            self.output.append_stderr("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            # what went wrong (and the hint, in artnb's errors) first: the box is short, the traceback long
+            summary = "".join(traceback.format_exception_only(type(exc), exc))
+            full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.output.append_stderr(f"{summary}\n{full}")

@@ -13,6 +13,7 @@ Works on live groups (`Choice` turns) and on groups read back from disk (`model.
 from __future__ import annotations
 
 import html
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Literal, cast
@@ -51,7 +52,9 @@ class TrajectoryCard(widgets.VBox):
         self._history = 0
         super().__init__(
             [self.header, self.chat],
-            layout=widgets.Layout(border="1px solid #ddd", padding="4px 8px", margin="4px"),
+            layout=widgets.Layout(
+                border="1px solid var(--jp-border-color2, #ddd)", padding="4px 8px", margin="4px"
+            ),
         )
         self.add_class("artnb-traj")
         self.show_more()
@@ -193,7 +196,14 @@ class GroupView(widgets.VBox):
         idx = list(range(len(group)))
         if self.sort.value == "original":
             return idx
-        return sorted(idx, key=lambda i: group[i].reward, reverse=self.sort.value == "reward ↓")
+        sign = -1 if self.sort.value == "reward ↓" else 1
+
+        def key(i: int) -> tuple[bool, float]:
+            # non-finite rewards last either way: NaN has no order, and training refuses them anyway
+            reward = group[i].reward
+            return (False, sign * reward) if _finite(reward) else (True, 0.0)
+
+        return sorted(idx, key=key)
 
     @property
     def num_pages(self) -> int:
@@ -263,8 +273,13 @@ def close_tree(widget: widgets.Widget) -> None:
     widget.close()
 
 
+def _finite(reward: float) -> bool:
+    return math.isfinite(reward)
+
+
 def _group_label(i: int, g: TrajectoryGroup) -> str:
-    mean = f"{statistics.fmean(g.rewards()):.3g}" if len(g) else "—"
+    finite = [r for r in g.rewards() if _finite(r)]
+    mean = f"{statistics.fmean(finite):.3g}" if finite else "—"
     return f"group {i}: {len(g)} trajectories, mean reward {mean}"
 
 
@@ -272,13 +287,22 @@ def _summary_html(group: TrajectoryGroup | None) -> str:
     if group is None:
         return "<i>no trajectories yet</i>"
     rewards = group.rewards()
+    finite = [r for r in rewards if _finite(r)]
     text = f"{len(group)} trajectories"
-    if rewards:
+    if finite:
+        text += f" · reward mean {statistics.fmean(finite):.4g}, min {min(finite):.4g}, max {max(finite):.4g}"
+        if len(finite) > 1:
+            text += f", std {statistics.pstdev(finite):.4g}"
+    if len(rewards) != len(finite):
+        bad = ", ".join(f"{i} ({r})" for i, r in enumerate(rewards) if not _finite(r))
         text += (
-            f" · reward mean {statistics.fmean(rewards):.4g}, min {min(rewards):.4g}, max {max(rewards):.4g}"
+            f" · <b>non-finite reward in trajectory {bad}: training refuses this group "
+            "(rewards must be finite numbers)</b>"
         )
-        if len(rewards) > 1 and statistics.pstdev(rewards) == 0:
-            text += " · <b>all rewards equal: GRPO learns nothing from this group</b>"
+    elif len(rewards) == 1:
+        text += " · <b>a group of one has zero advantage: GRPO learns nothing from it</b>"
+    elif len(rewards) > 1 and statistics.pstdev(rewards) == 0:
+        text += " · <b>all rewards equal: GRPO learns nothing from this group</b>"
     if group.exceptions:
         errors = "".join(
             f"<details><summary>{html.escape(e.type)}: {html.escape(e.message[:200])}</summary>"

@@ -2,8 +2,8 @@
 
 Pipelined training (`artnb.pipeline_trainer`) trains on rollouts sampled by older policies; this shows how much
 older (`train/steps_off_policy`, mean and max) and what it did to the update (`train/ratio_std`). TrainingPanel
-shows it under the reward plot; `PipelineTrainer(..., plots=[art.widgets.OffPolicyPlot(model)])` refreshes it
-after every step. The figure itself is `artnb.plots.off_policy_figure`.
+shows it under the reward plot. Like RewardPlot, it is live for a model (redrawn after every row the model
+records) and redrawn by `refresh()` for a run directory. The figure itself is `artnb.plots.off_policy_figure`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .reward_plot import as_store
 
 
 class OffPolicyPlot(widgets.VBox):
-    """Policy lag and ratio spread per step, for a model or a run directory; `refresh()` redraws."""
+    """Policy lag and ratio spread per step, for a model (live) or a run directory (`refresh()` redraws)."""
 
     def __init__(self, source: Model | RunStore | str | Path) -> None:
         self.store = as_store(source)
@@ -30,6 +30,12 @@ class OffPolicyPlot(widgets.VBox):
         super().__init__([self.figure, self.note])
         self.add_class("artnb-off-policy-plot")
         self.refresh()
+        if isinstance(source, Model):
+            source.reporting.on_row(self._on_row)
+
+    def _on_row(self, _: dict[str, Any]) -> None:
+        if self.comm is not None:  # not closed
+            self.refresh()
 
     def refresh(self) -> None:
         drawn = off_policy_figure(self.store.history())

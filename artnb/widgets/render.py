@@ -2,7 +2,10 @@
 
 Kept apart from the widget classes so they are tested as strings and reused by any front end. Everything a
 user wrote or a model generated is escaped. Long contents are shown in a scroll box and cut at
-`MAX_CHARS` characters, so one runaway generation cannot make the page heavy.
+`MAX_CHARS` characters, so one runaway generation cannot make the page heavy, and long words wrap, so one
+unbroken line cannot make it wide. Text and border colours are JupyterLab's theme variables with the light
+colours as fallback (Colab and the classic Notebook have no variables), so dark themes stay readable; token
+spans keep dark text because their background is always a light colour of ours.
 """
 
 from __future__ import annotations
@@ -22,18 +25,22 @@ MAX_CHARS = 20_000
 ROLE_COLORS = {"system": "#6c757d", "user": "#1f77b4", "assistant": "#2ca02c", "tool": "#9467bd"}
 STYLE = """<style>
 .artnb-block,.artnb-msg,.artnb-kv,.artnb-table{line-height:1.45}
-.artnb-msg{border-left:3px solid #ccc;margin:4px 0;padding:2px 8px;font-size:13px}
-.artnb-msg .artnb-role{font-weight:600;font-size:11px;text-transform:uppercase;letter-spacing:.04em}
-.artnb-msg .artnb-body{white-space:pre-wrap;max-height:16em;overflow:auto;font-family:var(--jp-code-font-family,monospace)}
+.artnb-block,.artnb-kv,.artnb-table td{overflow-wrap:anywhere}
+.artnb-msg{border-left:3px solid var(--jp-border-color1,#ccc);margin:4px 0;padding:2px 8px;font-size:13px;min-width:0}
+.artnb-msg .artnb-role{font-weight:600;font-size:11px;letter-spacing:.04em}
+.artnb-msg .artnb-role-name{text-transform:uppercase}
+.artnb-msg .artnb-body{white-space:pre-wrap;overflow-wrap:anywhere;max-width:100%;
+  max-height:16em;overflow:auto;font-family:var(--jp-code-font-family,monospace)}
+.artnb-block pre,.artnb-kv pre{max-width:100%;overflow:auto}
 .artnb-trainable{background:rgba(44,160,44,.07)}
 .artnb-badge{font-size:10px;border-radius:3px;padding:0 4px;margin-left:6px;background:#2ca02c;color:#fff}
 .artnb-tok{white-space:pre-wrap;border-radius:2px;padding:0 1px;margin-right:1px;box-shadow:inset 0 0 0 1px rgba(0,0,0,.12);
-  font-family:var(--jp-code-font-family,monospace);font-size:13px}
+  font-family:var(--jp-code-font-family,monospace);font-size:13px;color:#222}
 .artnb-table{border-collapse:collapse;font-size:12px}
-.artnb-table td,.artnb-table th{border-bottom:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}
+.artnb-table td,.artnb-table th{border-bottom:1px solid var(--jp-border-color2,#ddd);padding:2px 8px;text-align:left;vertical-align:top}
 .artnb-disagree,.artnb-fail{background:rgba(214,39,40,.12)}
 .artnb-warn{background:rgba(230,149,0,.12)}
-.artnb-kv{font-size:12px;color:#444}
+.artnb-kv{font-size:12px;color:var(--jp-content-font-color2,#444)}
 </style>"""
 
 
@@ -96,7 +103,8 @@ def message_html(message: dict[str, Any], turn: int | None = None) -> str:
     cls = "artnb-msg artnb-trainable" if trainable else "artnb-msg"
     return (
         f"<div class='{cls}' style='border-left-color:{color}'>"
-        f"<div class='artnb-role' style='color:{color}'>{html.escape(role)}{badge}</div>"
+        f"<div class='artnb-role' style='color:{color}'><span class='artnb-role-name'>{html.escape(role)}</span>"
+        f"{badge}</div>"
         f"<div class='artnb-body'>{body}</div></div>"
     )
 
@@ -117,7 +125,10 @@ def kv_html(values: dict[str, Any]) -> str:
 
 def trajectory_header_html(traj: Trajectory, index: int, rank: int) -> str:
     """Rank, reward, metrics, metadata and (folded) logs of one trajectory."""
-    parts = [f"<b>#{rank}</b> trajectory {index} · <b>reward {traj.reward:.4g}</b>"]
+    reward = f"<b>reward {traj.reward:.4g}</b>"
+    if not math.isfinite(traj.reward):
+        reward = f"<b class='artnb-fail'>reward {traj.reward} (not finite: training refuses its group)</b>"
+    parts = [f"<b>#{rank}</b> trajectory {index} · {reward}"]
     if traj.metrics:
         parts.append(f"<div class='artnb-kv'>metrics: {kv_html(traj.metrics)}</div>")
     if traj.metadata:

@@ -1,9 +1,11 @@
-"""RewardPlot: a live plotly FigureWidget of a metric per step, mean line and spread band per split.
+"""RewardPlot: a plotly FigureWidget of a metric per step, mean line and spread band per split.
 
 It reads the history the backend writes (`history.jsonl`) and the logged trajectories for the band, so the
-same widget shows a running loop (call `refresh()` after a step; `TrainingPanel` does) and a finished run
-read from disk (`RewardPlot("./.art/project/models/name")`). The numbers come from `core.curves`, the traces
-from `artnb.plots`, which the static HTML report uses too.
+same widget shows a running loop and a finished run read from disk (`RewardPlot("./.art/project/models/name")`).
+Given a model, it is live: it listens for every history row the model records (`model.reporting.on_row`: train
+steps, `model.log`) and redraws, held weakly so a plot that is gone costs training nothing. Given a run
+directory, a RunStore or a DataFrame, it redraws on `refresh()` (another process may be writing that run).
+The numbers come from `core.curves`, the traces from `artnb.plots`, which the static HTML report uses too.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ class RewardPlot(widgets.VBox):
     """Mean of a metric per step with a band for its spread; one line per split (train, val, ...).
 
     Example:
-        plot = art.widgets.RewardPlot(model)            # or RewardPlot(model.store), RewardPlot(run_dir)
-        plot                                            # shows it; plot.refresh() after each step
+        plot = art.widgets.RewardPlot(model)            # live: a point appears as each step is recorded
+        art.widgets.RewardPlot(run_dir)                 # or RewardPlot(model.store): plot.refresh() re-reads it
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class RewardPlot(widgets.VBox):
             raise ValueError(f"band={band!r}: choose one of {list(BANDS.values())}")
         self._history_frame = source if isinstance(source, pd.DataFrame) else None
         self.store = None if isinstance(source, pd.DataFrame) else as_store(source)
+        self.live = isinstance(source, Model)  # redraws by itself as the model records rows
         self.title = title
         self.figure = go.FigureWidget()
         style_reward_figure(self.figure, metric, title)
@@ -69,6 +72,12 @@ class RewardPlot(widgets.VBox):
         super().__init__([widgets.HBox([self.metric, self.band]), self.figure, self.note])
         self.add_class("artnb-reward-plot")
         self.refresh()
+        if isinstance(source, Model):
+            source.reporting.on_row(self._on_row)
+
+    def _on_row(self, _: dict[str, Any]) -> None:
+        if self.comm is not None:  # not closed
+            self.refresh()
 
     def _on_choice(self, _: object) -> None:
         if not self._refreshing:
@@ -103,9 +112,8 @@ class RewardPlot(widgets.VBox):
             self.figure.data = []
             self.figure.add_traces(curve_traces(items))
             style_reward_figure(self.figure, metric, self.title, max((c.steps[-1] for c in items), default=0))
-        self.note.value = (
-            "" if items else f"<i>no {metric!r} logged yet; points appear after each training step</i>"
-        )
+        later = "points appear as the model records steps" if self.live else "refresh() redraws"
+        self.note.value = "" if items else f"<i>no {metric!r} logged yet; {later}</i>"
 
     @property
     def points(self) -> dict[str, int]:

@@ -96,10 +96,10 @@ class TrainingPanel(widgets.VBox):
         self.off_policy = OffPolicyPlot(model)
         self.group_view = GroupView()
 
-        self.gather_button.on_click(lambda _: self._start(self.loop.gather()))
-        self.score_button.on_click(lambda _: self._start(self.loop.score()))
-        self.train_button.on_click(lambda _: self._start(self.loop.step()))
-        self.run_button.on_click(lambda _: self._start(self.loop.run(self.steps.value)))
+        self.gather_button.on_click(lambda _: self._start("gather", self.loop.gather()))
+        self.score_button.on_click(lambda _: self._start("score", self.loop.score()))
+        self.train_button.on_click(lambda _: self._start("step", self.loop.step()))
+        self.run_button.on_click(lambda _: self._start("run", self.loop.run(self.steps.value)))
         self.stop_button.on_click(lambda _: self.stop())
         self.loop.on(self._on_event)
 
@@ -143,17 +143,23 @@ class TrainingPanel(widgets.VBox):
         """Wait until the running action (button press) has finished."""
         await self.background.wait()
 
-    def _start(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.note = ""
-        if self.background.start(self._action(coro)):
+    def _start(self, action: str, coro: Coroutine[Any, Any, Any]) -> None:
+        if self.background.start(self._action(action, coro)):
             task = self.background.task
             assert task is not None  # start() returned True: it has just scheduled one
             task.add_done_callback(lambda _: self._update_controls())
             self._update_controls()
 
-    async def _action(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    async def _action(self, action: str, coro: Coroutine[Any, Any, Any]) -> Any:
+        self.note = ""
+        self.output.outputs = ()  # an earlier action's traceback is not about this one
         try:
             return await coro
+        except Exception as error:  # said in the status line; Background shows the traceback
+            message = str(error).split("\n", 1)[0]
+            message = message if len(message) <= 120 else message[:119] + "…"
+            self.note = f"{action} failed: {type(error).__name__}: {message} (details below)"
+            raise
         finally:
             await self.refresh()
 
@@ -184,8 +190,6 @@ class TrainingPanel(widgets.VBox):
             result = event.result
             self._step = result.step
             self.train_bar.bar_style = "success"
-            self.plot.refresh()
-            self.off_policy.refresh()
             loss = result.metrics.get(names.LOSS)
             if result.skipped:
                 self.note = f"step {result.step}: no update ({result.skipped})"
@@ -233,7 +237,7 @@ class TrainingPanel(widgets.VBox):
             scored = " (scored)" if self.loop.pending_scored else ""
             parts.append(f"{pending} groups gathered, not trained{scored}")
         if self.note:
-            parts.append(f"<i>{self.note}</i>")
+            parts.append(f"<i>{html.escape(self.note)}</i>")
         for name, url in self.model.reporting.links():  # the W&B run, the Langfuse traces
             parts.append(f'<a href="{html.escape(url, quote=True)}" target="_blank">{html.escape(name)}</a>')
         self.status.value = " · ".join(parts)

@@ -106,3 +106,24 @@ async def test_engine_state(model):
     unregistered = art.TrainableModel(name="nobody", base_model=art.models.tiny())
     state = await TrainingLoop(unregistered, tic_tac_toe.rollout, [0], group_size=2).engine_state()
     assert state.startswith("not registered")
+
+
+async def test_a_failing_listener_warns_once_and_the_loop_reaches_its_own_error(model):
+    async def nan_reward(model, scenario):
+        return art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}], reward=float("nan"))
+
+    def broken_view(event):
+        raise AttributeError("'float' object has no attribute 'numerator'")
+
+    loop = TrainingLoop(model, nan_reward, [0], group_size=2)
+    loop.on(broken_view)
+    events = recorder(loop)
+    with pytest.warns(UserWarning) as warned:
+        groups = await loop.gather()
+        with pytest.raises(ValueError, match="rewards must be finite numbers"):
+            await loop.train()
+    assert len(groups) == 1 and loop.pending == groups  # the gather finished despite the broken view
+    assert [e.kind for e in events].count("groups") == 1  # listeners after the broken one still heard
+    mine = [str(w.message) for w in warned if "broken_view" in str(w.message)]
+    assert len(mine) == 1 and "AttributeError: 'float' object has no attribute 'numerator'" in mine[0]
+    assert loop.phase == "idle" and not loop.busy

@@ -174,3 +174,22 @@ def test_nested_metadata_is_shown_as_json():
     traj = art.Trajectory(metadata={"cfg": {"tags": ["a"], "on": True}})
     shown = trajectory_header_html(traj, 0, 1)
     assert "cfg={&quot;tags&quot;: [&quot;a&quot;], &quot;on&quot;: true}" in shown
+
+
+def test_non_finite_rewards_are_shown_last_and_named_in_the_summary():
+    view = GroupView(art.TrajectoryGroup([game(float("nan")), game(1.0), game(float("inf")), game(0.0)]))
+    assert view.order == [1, 3, 0, 2]
+    view.sort.value = "reward ↑"
+    assert view.order == [3, 1, 0, 2]  # last either way: training refuses them, so they are not "best"
+    summary = view.summary.value
+    assert "reward mean 0.5, min 0, max 1, std 0.5" in summary  # over the finite rewards
+    assert "non-finite reward in trajectory 0 (nan), 2 (inf)" in summary
+    assert "training refuses this group (rewards must be finite numbers)" in summary
+    nan_card = next(c for c in view.cards if c.index == 0)
+    assert "reward nan (not finite" in nan_card.header.value
+    assert view.group_select.options[0][0] == "group 0: 4 trajectories, mean reward 0.5"
+
+
+def test_a_group_of_one_is_flagged_as_teaching_nothing():
+    view = GroupView(art.TrajectoryGroup([game(1.0)]))
+    assert "a group of one has zero advantage: GRPO learns nothing from it" in view.summary.value

@@ -1,5 +1,8 @@
 """RewardPlot state: traces after history rows, metric and band switches, a finished run read from disk."""
 
+import gc
+import weakref
+
 import pandas as pd
 import pytest
 
@@ -7,6 +10,7 @@ import artnb as art
 from artnb.core.store import RunStore
 from artnb.plots import reward_figure
 from artnb.widgets import RewardPlot
+from artnb.widgets.group_view import close_tree
 
 
 def log_step(store: RunStore, step: int, rewards: list[float]) -> None:
@@ -66,3 +70,25 @@ def test_from_a_history_frame_with_splits():
     assert plot.figure.layout.title.text == "tic-tac-toe"
     static = reward_figure(history, title="tic-tac-toe")  # the HTML report's figure draws the same traces
     assert [t.name for t in static.data] == [t.name for t in plot.figure.data]
+
+
+async def test_a_plot_of_a_model_gains_points_as_the_model_records_steps(tmp_path):
+    model = art.Model(name="agent", project="proj", base_path=str(tmp_path))
+    plot = RewardPlot(model, metric="val/reward")
+    assert plot.points == {} and "points appear as the model records steps" in plot.note.value
+    await model.log(art.TrajectoryGroup([art.Trajectory(reward=r) for r in (0.0, 1.0)]), step=0)
+    assert plot.points == {"val": 1}  # no refresh() call
+    await model.log(art.TrajectoryGroup([art.Trajectory(reward=r) for r in (1.0, 1.0)]), step=1)
+    assert plot.points == {"val": 2} and list(plot.figure.data[-1].y) == [0.5, 1.0]
+
+    from_disk = RewardPlot(model.store.dir)
+    await model.log(art.TrajectoryGroup([art.Trajectory(reward=1.0)]), step=2)
+    assert from_disk.points == {"val": 2}  # a run directory is redrawn on refresh() only
+    from_disk.refresh()
+    assert from_disk.points == {"val": 3}
+
+    close_tree(plot)  # closed with its parts: only the model could still hold it
+    gone = weakref.ref(plot)
+    del plot
+    gc.collect()
+    assert gone() is None  # the model does not keep a plot nobody shows alive

@@ -105,4 +105,33 @@ async def test_errors_show_in_the_panel_and_leave_it_usable(served):
     await panel.wait()
     text = "".join(o.get("text", "") for o in panel.output.outputs)
     assert "no board for scenario 9" in text and "max_exceptions" in text
+    first_line = text.splitlines()[0]  # the message and hint above the long traceback, not under it
+    assert "TooManyExceptions: 1 rollouts failed" in first_line and "Raise max_exceptions" in first_line
+    assert (
+        "step failed: TooManyExceptions: 1 rollouts failed, more than max_exceptions=0" in panel.status.value
+    )
     assert buttons(panel)["train"] and panel.loop.phase == "idle" and panel.loop.pending == []
+
+    panel.loop.rollout = tic_tac_toe.rollout
+    panel.gather_button.click()
+    await panel.wait()
+    assert panel.output.outputs == () and "failed" not in panel.status.value  # the old error is gone
+    assert len(panel.loop.pending) == 1
+
+
+async def test_a_non_finite_reward_is_shown_and_training_refuses_it(served):
+    async def nan_reward(model, scenario):
+        game = await tic_tac_toe.rollout(model, scenario)
+        game.reward = float("nan") if scenario == 0 else game.reward
+        return game
+
+    panel = TrainingPanel(served, nan_reward, scenarios=[0], group_size=2)
+    start = panel.step
+    panel.train_button.click()
+    await panel.wait()
+    assert (
+        "rewards must be finite numbers" in panel.status.value
+        and "step failed: ValueError" in panel.status.value
+    )
+    assert "non-finite reward in trajectory 0 (nan), 1 (nan)" in panel.group_view.summary.value
+    assert panel.step == start and len(panel.loop.pending) == 1
