@@ -3,7 +3,8 @@
 GRPO learns only from differences within a group. A batch whose groups all scored alike trains nothing, and a
 run of such batches advances its step counter for hours while the model stays where it was; so do rollouts that
 raise, rewards that are NaN, replies cut off at `max_tokens`, or a judge whose replies cannot be parsed or whose
-ranking has nothing to do with the task. Each of those shows in one batch. `preflight` plays it, scores it with
+ranking has nothing to do with the task, and so does a chat template that drops the rollouts' tools or tool
+calls (the model never sees them). Each of those shows in one batch. `preflight` plays it, scores it with
 the judge when there is one, and turns what it measured into checks, each with a plain verdict and the setting
 to change. The batch is kept (`report.groups`, judged when a judge was given), so a loop can train its first
 step on it instead of throwing it away.
@@ -31,6 +32,7 @@ from .gather import gather_trajectory_groups
 from .metric_names import STEP_TRAIN_S
 from .model import Model
 from .ruler import DEFAULT_RUBRIC, ruler_score_group
+from .tokenize import TOOLS_FIX, dropped_tool_parts
 from .trajectory import Trajectory, TrajectoryGroup, dumps_json, reward_problem
 
 Status = Literal["ok", "warn", "fail"]
@@ -65,6 +67,9 @@ class Batch:
     judge_s: float = 0.0
     judge_usd: float | None = None  # None: litellm has no price for the judge
     train_s: float | None = None  # seconds a train step took in this run so far; None: not yet measured
+    tools_dropped: list[str] = field(
+        default_factory=list
+    )  # tool use the model's chat template does not render
 
 
 @dataclass
@@ -176,8 +181,12 @@ async def preflight_groups(
 
     >>> report = await art.preflight_groups(groups, judge=art.LocalJudge())
     """
+    groups = list(groups)
     batch = Batch(
-        groups=list(groups), rollout_s=rollout_s, train_s=_train_seconds(model) if model is not None else None
+        groups=groups,
+        rollout_s=rollout_s,
+        train_s=_train_seconds(model) if model is not None else None,
+        tools_dropped=_tools_dropped(model, groups) if model is not None else [],
     )
     if judge is not None:
         await _judge(batch, judge, judge_params, rubric)
@@ -216,6 +225,20 @@ def _train_seconds(model: Model) -> float | None:
     return float(recent.mean()) if len(recent) else None
 
 
+def _tools_dropped(model: Model, groups: Sequence[TrajectoryGroup]) -> list[str]:
+    """The rollouts' tool use that the chat template the model trains with leaves out; [] when the model's
+    backend keeps no tokenizer here (a remote one) or the model is not registered."""
+    try:
+        served_model = getattr(model.backend(), "served_model", None)
+    except ValueError:  # not registered
+        return []
+    served = served_model(model) if served_model is not None else None
+    if served is None:
+        return []
+    trajectories = [t for g in groups for t in g.trajectories]
+    return dropped_tool_parts(served.tokenizer, trajectories, served.settings.chat_template_kwargs)
+
+
 def diagnose(batch: Batch) -> list[Check]:
     """The checks for one measured batch, in the order a user should fix them."""
     trajectories = [t for g in batch.groups for t in g.trajectories]
@@ -230,6 +253,16 @@ def diagnose(batch: Batch) -> list[Check]:
         _repeats(batch.groups),
         _cut_replies(trajectories),
     ]
+    if batch.tools_dropped:
+        checks.append(
+            Check(
+                "chat template renders the tools",
+                "warn",
+                f"the model's chat template drops {' and '.join(batch.tools_dropped)}, which these rollouts use, "
+                "so the model does not see them (turns after a dropped tool call train off-policy)",
+                TOOLS_FIX,
+            )
+        )
     if batch.judged is not None:
         checks += _judge_checks(batch)
     checks += [_tokens(trajectories), _seconds(batch, len(batch.groups))]

@@ -15,6 +15,11 @@ Design choices, and why:
   the model sampled), the sampled copy stays trainable (the model must learn to stop) and the template's copy is
   dropped. A turn stopped for length keeps the template's end-of-turn token as context.
 - Messages after the last trainable turn are cut: nothing after it can be learned from.
+- A chat template that drops `tools` or an assistant message's `tool_calls` (SmolLM2's, the embedded model's)
+  is warned about, once per template and kind, and trained as it stands: the engine rendered the prompts with
+  the same template, so the model never saw the tool definitions, and a turn after a tool call was sampled from
+  a prompt without the call while the trained sequence keeps its sampled tokens (off-policy logprobs). Probes
+  rendered with the conversation's own tokenizer and template variables tell, cached per template.
 - With `allow_training_without_logprobs`, assistant dicts (and Choices without logprobs) train too: their text is
   tokenised as the template renders it, their logprobs are NaN (the loss then uses ratio 1) and the end-of-turn
   special token the template writes after them is trainable, as a sampled EOS would be.
@@ -36,6 +41,7 @@ from openai.types.chat.chat_completion import Choice
 from transformers import AddedToken, PreTrainedTokenizerBase
 
 from .grpo import group_advantages
+from .ignored import warn_user
 from .metric_names import std_of
 from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_trajectories, choice_to_message
 
@@ -46,6 +52,24 @@ _RETOKENISE_WARNING = (
     "artnb: a trainable turn has no token ids, so they were looked up from its logprob token strings; this can "
     "drift from what was sampled. Make the engine return token ids (vLLM: return_token_ids=True or "
     "return_tokens_as_token_ids=True)."
+)
+
+_DROPPED = {
+    "tools": (
+        "the tool definitions (trajectory.tools)",
+        "the model never saw them when it sampled, and does not see them in training",
+    ),
+    "tool_calls": (
+        "an assistant message's tool_calls",
+        "the engine dropped each tool call from the prompt it sampled the next turn from, while the trained "
+        "sequence keeps the sampled call's tokens: turns after a tool call train on a context they were not "
+        "sampled from (off-policy logprobs)",
+    ),
+}
+TOOLS_FIX = (  # how to make a model see tools and its own calls
+    "use a model whose chat template renders tools (e.g. a Qwen2.5, Qwen3 or Llama-3.1 instruct model), or set "
+    "_internal_config={'chat_template': ...} to a template that does, or describe the tools in the system prompt "
+    "and parse calls from plain content, as artnb/tasks/email_agent.py does"
 )
 
 
@@ -205,6 +229,97 @@ def _render(
         ) from e
 
 
+_drops: dict[tuple[str, str], frozenset[str]] = {}
+_warned_drops: set[tuple[str, str]] = set()  # (template, kind) already warned about
+
+
+def _template_drops(
+    tokenizer: PreTrainedTokenizerBase, template_kwargs: Mapping[str, Any] | None
+) -> frozenset[str]:
+    """Which of "tools" and "tool_calls" the chat template leaves out: a probe renders the same with and without
+    them. A probe the template refuses to render says nothing, so it counts as rendered."""
+    key = (repr(tokenizer.chat_template), repr(sorted((template_kwargs or {}).items())))
+    with _cache_lock:
+        if key in _drops:
+            return _drops[key]
+    tool = {"type": "function", "function": {"name": "artnb_probe", "parameters": {"type": "object"}}}
+    call = {"id": "call00000", "type": "function", "function": {"name": "artnb_probe", "arguments": "{}"}}
+    user: Message = {"role": "user", "content": "Hi"}
+    probes = {
+        "tools": (([user], [tool]), ([user], None)),
+        "tool_calls": (
+            ([user, {"role": "assistant", "content": "", "tool_calls": [call]}], None),
+            ([user, {"role": "assistant", "content": ""}], None),
+        ),
+    }
+    dropped = set()
+    for kind, renders in probes.items():
+        try:
+            texts = [
+                tokenizer.apply_chat_template(m, tools=t, tokenize=False, **(template_kwargs or {}))
+                for m, t in renders
+            ]
+        except Exception:
+            continue
+        if texts[0] == texts[1]:
+            dropped.add(kind)
+    with _cache_lock:
+        _drops[key] = frozenset(dropped)
+    return _drops[key]
+
+
+def _dropped_in(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    tools: Any,
+    template_kwargs: Mapping[str, Any] | None,
+) -> list[str]:
+    """The kinds ("tools", "tool_calls") this conversation uses and its chat template drops."""
+    used = {"tools"} if tools else set()
+    if any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages):
+        used.add("tool_calls")
+    if not used:
+        return []
+    dropped = _template_drops(tokenizer, template_kwargs)
+    return [k for k in _DROPPED if k in used and k in dropped]
+
+
+def _warn_if_tools_dropped(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: Any,
+    template_kwargs: Mapping[str, Any] | None,
+) -> None:
+    """Warn, once per template and kind, when the conversation has tools or tool calls its template drops."""
+    for kind in _dropped_in(tokenizer, messages, tools, template_kwargs):
+        with _cache_lock:
+            key = (repr(tokenizer.chat_template), kind)
+            if key in _warned_drops:
+                continue
+            _warned_drops.add(key)
+        what, meaning = _DROPPED[kind]
+        warn_user(
+            f"artnb: this model's chat template does not render {what}, so {meaning}. Training goes on as it "
+            f"stands (ART behaves the same). To fix: {TOOLS_FIX}."
+        )
+
+
+def dropped_tool_parts(
+    tokenizer: PreTrainedTokenizerBase,
+    trajectories: Sequence[Trajectory],
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """What of the trajectories' tool use the chat template leaves out of every rendering (so the engine's
+    prompts lacked it too): the descriptions of "tools" and/or "tool_calls", e.g. for preflight's check."""
+    found: set[str] = set()
+    for t in trajectories:
+        for h in t.histories():
+            messages = [x if isinstance(x, dict) else choice_to_message(x) for x in h.messages_and_choices]
+            tools = h.tools if h.tools is not None else t.tools
+            found.update(_dropped_in(tokenizer, messages, tools, template_kwargs))
+    return [what for kind, (what, _) in _DROPPED.items() if kind in found]
+
+
 def _overlap(sampled: list[int], following: list[int], special: set[int]) -> int:
     """How many leading template tokens after a turn repeat the sampled ids' tail (must include a special token)."""
     for k in range(min(len(sampled), len(following)), 0, -1):
@@ -231,6 +346,7 @@ def tokenize_history(
     marks = [_PLACEHOLDER.format(n) for n in range(len(turns))]
     items = history.messages_and_choices[: turns[-1].item + 1]
     messages = [x if isinstance(x, dict) else choice_to_message(x) for x in items]
+    _warn_if_tools_dropped(tokenizer, messages, tools, template_kwargs)
     for n, turn in enumerate(turns):
         messages[turn.item] = {"role": "assistant", "content": marks[n]}
     text = _render(tokenizer, messages, tools, where, template_kwargs)

@@ -9,9 +9,11 @@ import math
 import pytest
 from fake_openai import FakeJudge, good, malformed, only_for
 from openai.types.chat.chat_completion import Choice
+from transformers import AutoTokenizer
 
 import artnb as art
 from artnb.core.preflight import Batch, diagnose
+from artnb.core.tokenize import dropped_tool_parts
 
 
 def choice(text: str, finish_reason: str = "stop", logprobs: bool = True) -> Choice:
@@ -209,3 +211,20 @@ async def test_groups_gathered_elsewhere_get_the_same_checks():
     assert checks["groups whose rewards differ"].finding == "1 of 2 groups (these train)"
     assert "rollouts: not timed here" in checks["time per step of 2 groups"].finding
     assert report.ok and report.groups[1].rewards() == [1, 1]
+
+
+def test_a_chat_template_that_drops_the_rollouts_tools_warns_with_the_fix():
+    """Measured with the tiny model's tokenizer (SmolLM2's template renders neither tools nor tool calls)."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    groups = [group(0, 1), group(1, 0)]
+    plain = [t for g in groups for t in g.trajectories]
+    tokenizer = AutoTokenizer.from_pretrained(art.models.tiny())
+    assert dropped_tool_parts(tokenizer, plain) == []
+    for t in plain:
+        t.tools = tools
+    dropped = dropped_tool_parts(tokenizer, plain)
+    assert dropped == ["the tool definitions (trajectory.tools)"]
+    check = checks_of(Batch(groups=groups, tools_dropped=dropped))["chat template renders the tools"]
+    assert check.status == "warn" and "trajectory.tools" in check.finding
+    assert "chat_template" in check.advice and "system prompt" in check.advice
+    assert "chat template renders the tools" not in checks_of(Batch(groups=groups))

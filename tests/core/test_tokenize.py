@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 from openai.types.chat.chat_completion import Choice
@@ -156,6 +157,7 @@ def test_length_stopped_turn_keeps_template_end_of_turn_as_context(tok):
     assert math.isnan(seq.logprobs[end])
 
 
+@pytest.mark.filterwarnings("ignore:.*chat template does not render")  # tested below
 def test_multi_turn_with_user_and_tool_messages_between(tok):
     first = split_ids(tok, "Let", " me", " lo", "ok", "<|im_end|>")
     second = split_ids(tok, "It", " is", " 4", "2", "<|im_end|>")
@@ -520,3 +522,81 @@ def test_the_configured_template_is_the_one_the_trainer_renders_with(tmp_path):
         tokenizer, [traj], TrainSFTConfig(batch_size=1), template_kwargs={"greeting": "MARK-8"}
     ).sequences
     assert str(tokenizer.decode(sft.token_ids)).startswith("MARK-8[configured]<|im_start|>")
+
+
+DROPS_TOOLS = "this model's chat template does not render the tool definitions"
+DROPS_CALLS = "this model's chat template does not render an assistant message's tool_calls"
+
+
+def tool_call_trajectory(tok, tools=TOOLS) -> tuple[Trajectory, list[int], list[int]]:
+    """A tool call, its result, and a reply sampled after it."""
+    call = split_ids(tok, '{"name": "lookup"}', "<|im_end|>")
+    reply = split_ids(tok, "It", " is", " 4", "2", "<|im_end|>")
+    tool_calls = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "What is it?"},
+            make_choice(tok, call, tool_calls=tool_calls),
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            make_choice(tok, reply),
+        ],
+        tools=tools,
+    )
+    return traj, call, reply
+
+
+def tool_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if "chat template does not render" in str(w.message)]
+
+
+def with_own_template(tok, tag: str):
+    """A copy of `tok` whose template renders the same text but counts as a template not yet warned about."""
+    t = copy.deepcopy(tok)
+    t.chat_template = tok.chat_template + "{# " + tag + " #}"
+    return t
+
+
+def test_a_template_that_drops_tools_and_tool_calls_warns_once_and_trains_as_sampled(tok):
+    """SmolLM2's template (the embedded and tiny models') renders neither: the user is told what it means and
+    how to fix it, once, and the sampled ids still train unchanged."""
+    own = with_own_template(tok, "drops")
+    traj, call, reply = tool_call_trajectory(own)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        (seq,) = tokenize_trajectory(own, traj, 1.0)
+        tokenize_groups(own, [TrajectoryGroup([traj.model_copy(update={"reward": r}) for r in (0.0, 1.0)])])
+    messages = tool_warnings(record)
+    assert len(messages) == 2  # one per kind, however often the template is used again
+    assert DROPS_TOOLS in messages[0] and "the model never saw them" in messages[0]
+    assert DROPS_CALLS in messages[1] and "off-policy" in messages[1]
+    assert all("Qwen" in m and "chat_template" in m and "system prompt" in m for m in messages)
+    assert spans(seq) == [call, reply]
+    # what the engine sampled the reply from has no call; the trained sequence keeps the sampled one
+    assert "lookup" not in rendered(own, traj, 3, TOOLS)
+    assert own.decode(seq.token_ids).count('{"name": "lookup"}') == 1
+
+
+def test_a_template_that_renders_tools_and_tool_calls_does_not_warn():
+    """The same conversation through `_internal_config["chat_template"]`, set to a template that renders both."""
+    settings = resolve_internal_config({"chat_template": TOOL_TEMPLATE}, on_cuda=False)
+    tokenizer = model_tokenizer(artnb.models.tiny(), settings)
+    traj, _, reply = tool_call_trajectory(tokenizer)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        (seq,) = tokenize_trajectory(tokenizer, traj, 1.0)
+    assert tool_warnings(record) == []
+    assert spans(seq)[-1] == reply
+
+
+def test_a_conversation_without_tools_does_not_warn(tok):
+    own = with_own_template(tok, "no tools")
+    ids = split_ids(tok, "hel", "lo", "<|im_end|>")
+    plain = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi"}, make_choice(own, ids)])
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        tokenize_trajectory(own, plain, 1.0)
+        assert tool_warnings(record) == []
+        tokenize_trajectory(
+            own, plain.model_copy(update={"tools": TOOLS}), 1.0
+        )  # the same template, with tools
+        assert [DROPS_TOOLS in m for m in tool_warnings(record)] == [True]
