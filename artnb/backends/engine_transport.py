@@ -7,18 +7,29 @@ looks the engine up per request, restarts a dead one first, loads a newer commit
 connection pool per model that every client of the model shares (the backend closes it). A request for an older
 step the engine does not serve (`model.get_inference_name(step)` after a restart, e.g. the best checkpoint that
 delete_checkpoints kept) loads that checkpoint from the run directory and is sent again.
+
+A request that waits longer than the engine's `unanswered_s` (60 s) has the engine's /health checked, and again
+each `unanswered_s` while it waits: an engine that does not answer (hung, or stopped, `kill -STOP`) is reported
+once, with its log, instead of the request waiting out the client's 20-minute timeout in silence. It is left
+running: a slow engine answers /health, so a missed check means something is wrong, yet killing it is the
+user's call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections.abc import Callable
 
 import httpx
 
+from ..core.contracts import Engine
 from ..core.names import from_art_step
 from .served import ServedModel
+
+log = logging.getLogger("artnb")
 
 
 class EngineDiedError(RuntimeError):
@@ -38,6 +49,8 @@ class EngineTransport(httpx.AsyncBaseTransport):
         self.port: int | None = None  # the engine the pool's connections lead to
         self.loop: asyncio.AbstractEventLoop | None = None  # the event loop they belong to
         self.loading = asyncio.Lock()
+        self.checked_at = 0.0  # when a waiting request last had the engine's /health checked
+        self.reported: set[int] = set()  # ids of engines already reported as not answering
 
     def _on_this_loop(self) -> None:
         """A script that calls asyncio.run once per phase gives each phase a new event loop: the connections the
@@ -79,10 +92,10 @@ class EngineTransport(httpx.AsyncBaseTransport):
             request.url = request.url.copy_with(port=port)
         request.headers["Authorization"] = f"Bearer {served.engine.api_key}"
         try:
-            response = await self.inner.handle_async_request(request)
+            response = await self._watched(served, request)
             if response.status_code == 404 and await self._load_named_checkpoint(served, request):
                 await response.aclose()
-                response = await self.inner.handle_async_request(request)
+                response = await self._watched(served, request)
             return response
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
             if not served.engine.alive():
@@ -92,6 +105,34 @@ class EngineTransport(httpx.AsyncBaseTransport):
                     "it."
                 ) from exc
             raise
+
+    async def _watched(self, served: ServedModel, request: httpx.Request) -> httpx.Response:
+        """The engine's response; while it is awaited, an engine that stops answering is reported."""
+        engine, started = served.engine, time.monotonic()
+        pending = asyncio.ensure_future(self.inner.handle_async_request(request))
+        try:
+            while not (await asyncio.wait([pending], timeout=engine.unanswered_s))[0]:
+                await self._check(served, engine, time.monotonic() - started)
+            return pending.result()
+        finally:
+            pending.cancel()  # a cancelled caller: the request goes too (a no-op once it is done)
+
+    async def _check(self, served: ServedModel, engine: Engine, waited: float) -> None:
+        """One health check per `unanswered_s` for all waiting requests; a silent engine reported once."""
+        if time.monotonic() - self.checked_at < engine.unanswered_s or id(engine) in self.reported:
+            return
+        self.checked_at = time.monotonic()
+        if engine.alive() and not await engine.answers(timeout_s=min(10.0, engine.unanswered_s)):
+            self.reported.add(id(engine))
+            log.warning(
+                "artnb: a request to the inference engine for %r has waited %.0f s, and the engine does not "
+                "answer its health check: it may be hung or stopped. Its log: %s. It is left running; if it "
+                "stays so, `await backend.close()` and register again (or end its process: the next request "
+                "restarts it)",
+                served.model.name,
+                waited,
+                engine.log_path,
+            )
 
     async def _load_named_checkpoint(self, served: ServedModel, request: httpx.Request) -> bool:
         """A request for `name@N` (or ART's `name:stepN`) that the engine does not serve, where checkpoint N is in

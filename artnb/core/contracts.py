@@ -87,6 +87,7 @@ class Engine(Protocol):
     """An OpenAI-compatible inference server with runtime LoRA loading (engines/hf/, engines/vllm/)."""
 
     api_key: str
+    unanswered_s: float  # a request waiting this long has `answers()` checked (engine_transport.py)
 
     @property
     def base_url(self) -> str: ...
@@ -105,6 +106,10 @@ class Engine(Protocol):
 
     async def release(self) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
+    async def answers(self, timeout_s: float = ...) -> bool:
+        """Whether the server answers its health check within `timeout_s` (False: hung or stopped)."""
+        ...
+
     async def set_default_temperature(self, temperature: float | None) -> None:
         """The temperature for requests that name none (None: the engine's own, 1), from the next request on."""
 

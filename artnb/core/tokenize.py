@@ -43,7 +43,15 @@ from transformers import AddedToken, PreTrainedTokenizerBase
 from .grpo import group_advantages
 from .ignored import warn_user
 from .metric_names import std_of
-from .trajectory import History, Message, Trajectory, TrajectoryGroup, check_trajectories, choice_to_message
+from .trajectory import (
+    History,
+    Message,
+    Trajectory,
+    TrajectoryGroup,
+    check_trajectories,
+    choice_to_message,
+    template_message,
+)
 
 NAN = float("nan")
 _PLACEHOLDER = "<|artnb_turn_{}|>"
@@ -225,7 +233,7 @@ def _render(
     except Exception as e:
         raise ValueError(
             f"{where}: the chat template could not render the conversation ({type(e).__name__}: {e}). "
-            "Check the messages (e.g. an assistant dict with content None: use content='')"
+            "Check the messages: each a dict with a role the template knows and text content"
         ) from e
 
 
@@ -345,7 +353,7 @@ def tokenize_history(
     holders = _placeholders(tokenizer, len(turns))
     marks = [_PLACEHOLDER.format(n) for n in range(len(turns))]
     items = history.messages_and_choices[: turns[-1].item + 1]
-    messages = [x if isinstance(x, dict) else choice_to_message(x) for x in items]
+    messages = [template_message(x) if isinstance(x, dict) else choice_to_message(x) for x in items]
     _warn_if_tools_dropped(tokenizer, messages, tools, template_kwargs)
     for n, turn in enumerate(turns):
         messages[turn.item] = {"role": "assistant", "content": marks[n]}

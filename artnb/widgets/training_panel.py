@@ -95,6 +95,7 @@ class TrainingPanel(widgets.VBox):
         self.plot = RewardPlot(model, metric=metric)
         self.off_policy = OffPolicyPlot(model)
         self.group_view = GroupView()
+        self._show_last_trained()
 
         self.gather_button.on_click(lambda _: self._start("gather", self.loop.gather()))
         self.score_button.on_click(lambda _: self._start("score", self.loop.score()))
@@ -129,6 +130,18 @@ class TrainingPanel(widgets.VBox):
         self._first_check = None
         if self.background.loop is not None:
             self._first_check = self.background.loop.create_task(self.refresh())
+
+    def _show_last_trained(self) -> None:
+        """A resumed run (a restarted kernel, a new panel) shows the groups of its newest trained step until
+        this panel gathers its own."""
+        store = self.model.store
+        steps = [step for split, step in store.trajectory_files() if split == "train"]
+        if not steps:
+            return
+        try:
+            self.group_view.set_groups(store.read_trajectories("train", steps[-1]))
+        except (OSError, ValueError) as error:  # a damaged file: the view stays empty and says why
+            self.note = f"could not show step {steps[-1]}'s groups ({type(error).__name__}: {error})"
 
     # actions ------------------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -342,6 +342,30 @@ async def test_an_engine_start_that_takes_too_long_names_the_setting_that_gives_
             await model.register(backend)
 
 
+async def test_an_engine_that_stops_answering_is_reported_while_a_request_waits(tmp_path, base, caplog):
+    """ART's users saw gathers wait silently on a hung engine: a request waiting longer than `unanswered_s`
+    has the engine's health checked, and one that does not answer is reported with its log."""
+    model = art.TrainableModel(name="agent", project="p", base_model=base)
+    options = {"unanswered_s": 1.0}
+    async with art.LocalBackend(path=tmp_path, engine="hf", engine_options=options) as backend:
+        await model.register(backend)
+        await pick(model, seed=1)
+        engine = backend.engine_of(model)
+        os.kill(engine.pid, signal.SIGSTOP)  # as a hung process: alive, answering nothing
+        try:
+            waiting = asyncio.create_task(pick(model, seed=2))
+            for _ in range(300):
+                if "does not answer its health check" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            assert not waiting.done()
+        finally:
+            os.kill(engine.pid, signal.SIGCONT)
+        traj = await waiting  # it was left running: the request is answered once it runs again
+        assert traj.messages_and_choices[-1].message.content in CHOICES
+        assert "does not answer its health check" in caplog.text and str(engine.log_path) in caplog.text
+
+
 async def test_reward_rises_on_a_trivially_learnable_task(tmp_path, base):
     model = art.TrainableModel(name="agent", project="p", base_model=base)
     async with art.LocalBackend(path=tmp_path, engine="hf") as backend:

@@ -197,8 +197,17 @@ async def test_adapters_resolve_to_latest_and_old_ones_are_unloaded(engine, clie
 
 async def test_hold_queues_requests_and_they_run_on_the_new_adapter(engine, client, adapters):
     await engine.load_adapter("policy@1", str(adapters[0]))
-    in_flight = [asyncio.create_task(chat(client, model="policy", max_tokens=48)) for _ in range(4)]
-    while (await engine.stats())["running"] < 4:
+    # long enough (160 tokens each, no early stop) that all 4 run at once even where they start staggered
+    long = {"max_tokens": 160, "extra_body": {"min_tokens": 160}}
+    in_flight = [asyncio.create_task(chat(client, model="policy", **long)) for _ in range(4)]
+    deadline = time.monotonic() + 120
+    while (stats := await engine.stats())["running"] < 4:
+        # once unbounded (48 tokens each): twice in CI it spun to the run's limit, with nothing said
+        done = [t for t in in_flight if t.done()]
+        if done or time.monotonic() > deadline:
+            log = engine.log_path.read_text()[-3000:] if engine.log_path.exists() else ""
+            ended = [t.exception() or t.result().model for t in done]
+            pytest.fail(f"4 requests never ran at once ({ended} ended first): {stats}\n{log}")
         await asyncio.sleep(0.01)
     await engine.hold()
     assert (await engine.stats())["running"] == 0, "hold() returns once running requests finished"

@@ -19,7 +19,7 @@ from artnb.backends.model_setup import model_tokenizer
 from artnb.core.grpo import group_advantages
 from artnb.core.sft import TrainSFTConfig, tokenize_sft
 from artnb.core.tokenize import TokenizedSequence, tokenize_groups, tokenize_trajectory
-from artnb.core.trajectory import History, Trajectory, TrajectoryGroup
+from artnb.core.trajectory import History, Trajectory, TrajectoryGroup, template_message
 from artnb.dev.settings import resolve_internal_config
 
 TOOLS = [
@@ -197,7 +197,9 @@ def test_tool_call_choice_is_not_rendered_twice(tool_tok):
     assert trained(seq) == ids
     text = tool_tok.decode(seq.token_ids)
     assert text.count('"name": "lookup"') == 3  # the tools list, the context call, the sampled call once
-    assert text.startswith(tool_tok.apply_chat_template(traj.messages()[:3], tools=TOOLS, tokenize=False))
+    # the context as the engine rendered it (arguments as a dict), not as the raw messages would render
+    as_sampled = [template_message(m) for m in traj.messages()[:3]]
+    assert text.startswith(tool_tok.apply_chat_template(as_sampled, tools=TOOLS, tokenize=False))
     assert text.endswith("<|im_start|>assistant\n" + call_text + "<|im_end|>\n")
 
 
@@ -600,3 +602,23 @@ def test_a_conversation_without_tools_does_not_warn(tok):
             own, plain.model_copy(update={"tools": TOOLS}), 1.0
         )  # the same template, with tools
         assert [DROPS_TOOLS in m for m in tool_warnings(record)] == [True]
+
+
+def test_history_messages_render_as_the_engine_rendered_them(tool_tok):
+    """An assistant dict with content None and JSON-string arguments (as the OpenAI SDK returns them): the trainer
+    renders it as the engine did (content "", arguments as a dict), not refused or double-encoded."""
+    reply = split_ids(tool_tok, "It", " is", " 4", "2", "<|im_end|>")
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    history = [
+        {"role": "user", "content": "What is it?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+    ]
+    traj = Trajectory(messages_and_choices=[*history, make_choice(tool_tok, reply)], tools=TOOLS)
+    (seq,) = tokenize_trajectory(tool_tok, traj, 1.0)
+    text = tool_tok.decode(seq.token_ids)
+    assert '"arguments": {"q": "x"}' in text and "<|im_start|>tool\n42<|im_end|>" in text
+    engine_prompt = tool_tok.apply_chat_template(
+        [template_message(m) for m in history], tools=TOOLS, tokenize=False
+    )
+    assert text.startswith(engine_prompt)

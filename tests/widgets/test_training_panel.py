@@ -59,6 +59,9 @@ async def test_gather_score_train_from_buttons(served):
     assert f"trained step {start + 1}" in panel.status.value and "not trained" not in panel.status.value
     assert f"serving widgets at step {start + 1}" in panel.status.value
     assert panel.output.outputs == ()
+    # a new panel on the run (as after a kernel restart) shows the newest trained step's groups
+    again = TrainingPanel(served, tic_tac_toe.rollout, scenarios=lambda step: [step], group_size=3)
+    assert again.group_view.group is not None and len(again.group_view.cards) == 3
 
 
 async def test_run_n_steps_stop_and_a_responsive_event_loop(served):

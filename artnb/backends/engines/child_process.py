@@ -207,10 +207,12 @@ class ServerEngine:
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
         start_timeout_s: float | None = None,
+        unanswered_s: float = 60.0,
         chat_template: str | None = None,
         default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
         for name, value in [
+            ("unanswered_s", unanswered_s),
             ("max_request_bytes", max_request_bytes),
             ("control_timeout_s", control_timeout_s),
             ("hold_timeout_s", hold_timeout_s),
@@ -226,6 +228,7 @@ class ServerEngine:
         self.max_request_bytes = max_request_bytes
         self.control_timeout_s, self.hold_timeout_s = control_timeout_s, hold_timeout_s
         self.start_timeout_s = start_timeout_s  # None: the engine's own default (start())
+        self.unanswered_s = unanswered_s  # a request waiting this long has the engine's /health checked
         self.chat_template = chat_template
         self.default_chat_template_kwargs = dict(default_chat_template_kwargs or {})
         json.dumps(self.default_chat_template_kwargs)  # a TypeError now, not a server that cannot start
@@ -382,6 +385,15 @@ class ServerEngine:
             return response.json()
         except ValueError:
             return response.text
+
+    async def answers(self, timeout_s: float = 10.0) -> bool:
+        """Whether the server answers /health within `timeout_s`; a stopped or hung process does not (busy
+        ones do: both servers answer it off the generation path)."""
+        try:
+            await self._call("GET", "/health", timeout_s=timeout_s)
+        except (TimeoutError, RuntimeError, httpx.HTTPError):
+            return False
+        return True
 
     async def _hold(self) -> None:
         """POST /artnb/hold (waits for the batch in flight); on any failure, release best effort and re-raise."""

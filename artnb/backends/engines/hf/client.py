@@ -54,7 +54,8 @@ class HFEngine(ServerEngine):
         for every request (e.g. {"enable_thinking": False}); a request's own `chat_template_kwargs` override
         them key by key. vLLM's `--chat-template` / `--default-chat-template-kwargs`, with the same meaning.
     control_timeout_s, hold_timeout_s: how long control calls and hold() wait for an answer (child_process.py);
-      start_timeout_s: how long a start may take before it is given up (default 300 s).
+      start_timeout_s: how long a start may take before it is given up (default 300 s); unanswered_s: how long
+      a request may wait before the transport checks that the engine still answers (and says so if not).
     merge_newest: serve each family's newest adapter (what plain `agent` resolves to, the one RL samples
         from) with its weights merged into the base linear layers, so it decodes at the base model's speed
         (unmerged LoRA made the engine ~30% slower on a CPU). None (default): on for CPU, off for CUDA, where
@@ -85,6 +86,7 @@ class HFEngine(ServerEngine):
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
         start_timeout_s: float | None = None,
+        unanswered_s: float = 60.0,
         merge_newest: bool | None = None,
         omp_wait_policy: str = "auto",
         chat_template: str | None = None,
@@ -104,6 +106,7 @@ class HFEngine(ServerEngine):
             control_timeout_s=control_timeout_s,
             hold_timeout_s=hold_timeout_s,
             start_timeout_s=start_timeout_s,
+            unanswered_s=unanswered_s,
             chat_template=chat_template,
             default_chat_template_kwargs=default_chat_template_kwargs,
         )

@@ -225,29 +225,6 @@ class DefaultsRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
 
 
-def template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI message as chat templates expect it: text content, tool-call arguments as dicts."""
-    message = dict(message)
-    content = message.get("content")
-    if content is None:
-        message["content"] = ""
-    elif isinstance(content, list):
-        message["content"] = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    if message.get("tool_calls"):
-        calls = []
-        for call in message["tool_calls"]:
-            call = json.loads(json.dumps(call))
-            function = call.get("function", {})
-            if isinstance(function.get("arguments"), str):
-                try:
-                    function["arguments"] = json.loads(function["arguments"])
-                except json.JSONDecodeError:
-                    pass
-            calls.append(call)
-        message["tool_calls"] = calls
-    return message
-
-
 def parse_tool_calls(text: str) -> tuple[list[dict[str, Any]], str]:
     """Hermes-style `<tool_call>{"name": .., "arguments": {..}}</tool_call>` blocks -> OpenAI tool_calls."""
     calls, rest, end = [], [], 0

@@ -99,13 +99,13 @@ from artnb.backends.engines.hf.protocol import (
     parse_tool_calls,
     sampling_refusals,
     structured_output,
-    template_message,
     tool_choice,
 )
 from artnb.backends.engines.hf.streaming import ChunkStream
 from artnb.backends.engines.merged_weights import MergedWeights, unmergeable_reason
 from artnb.backends.engines.tool_calls import call_schema
 from artnb.core.names import check_adapter_name, from_art_step
+from artnb.core.trajectory import template_message  # as the trainer renders a history's messages
 
 T = TypeVar("T")
 

