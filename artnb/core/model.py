@@ -513,13 +513,17 @@ class TrainableModel(Model[ModelConfig]):
             outcome = await backend.train_step(self, request)
         except CommittedWhileCancelled as cancelled:
             await self._record(request.groups, cancelled.outcome, request.config)
+            await self._anneal_temperature()
             _say_committed(cancelled.outcome, "these groups")
             raise
         await self._record(request.groups, outcome, request.config)
+        await self._anneal_temperature()
+        return outcome.result
+
+    async def _anneal_temperature(self) -> None:
         if self._temperature_annealer is not None:  # ART: each train call moves the schedule on
             self._default_temperature = float(self._temperature_annealer.step())
             await self._send_default_temperature()
-        return outcome.result
 
     async def train_sft(
         self,
