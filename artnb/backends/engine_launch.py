@@ -153,8 +153,7 @@ async def _started(engine: Engine) -> Engine:
     try:
         await engine.start()
     except BaseException:
-        await asyncio.shield(
-            asyncio.ensure_future(engine.stop())
-        )  # a second interrupt: it stops in the background
+        stopping = asyncio.ensure_future(engine.stop())
+        await asyncio.shield(stopping)  # interrupted again, it goes on stopping in the background
         raise
     return engine
