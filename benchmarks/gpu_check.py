@@ -21,10 +21,13 @@ imported before transformers, and each peak memory is its own), in this order (`
    give the same tensors bit for bit; peak GPU memory per rank, device-wide and sampled (see `check_fsdp`).
    About a minute on one GPU (two rank groups start); a failure or a hang (the part stops itself after
    FSDP_BUDGET_S) is reported with the ranks' log tails and the other parts still run.
-2. rollouts: the HF engine (its own process, alone on the card) through the OpenAI client against plain
-   `model.generate` on the same prompts, 16 and 64 parallel x 64 new tokens (EOS masked until then, so both do
-   the same work), best of two, and transformers' own continuous batching (`generate_batch`) where this
-   transformers runs it. Targets (issue 25): the engine >= 1.0x generate at 16, >= 2.0x at 64.
+2. rollouts: the HF engine (its own process, alone on the card) through the OpenAI client, once per decoding
+   (its slots with CUDA graphs, the default; the slots eager; the dynamic cache) and vLLM where it is
+   installed, against plain `model.generate` on the same prompts, 16 and 64 parallel x 64 new tokens (EOS masked
+   until then, so both do the same work), best of two, and transformers' own continuous batching
+   (`generate_batch`) where this transformers runs it; each engine's start check and graph captures; and, in
+   this process, replayed graphs against eager slot steps (the same tokens and logprobs, bit for bit). Targets
+   (issue 25): the engine >= 1.0x generate at 16, >= 2.0x at 64.
 3. unsloth, then peft: LocalBackend(trainer=...) with the card's GPU preset; register (engine start and trainer
    load); 3 RL steps of 64 rollouts (2 groups of 32, up to 128 new tokens, rewarded by a hash of the text so
    that a group's rewards differ) and one GRPO step each; after each step the next request must be served by
@@ -57,6 +60,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -107,6 +111,8 @@ class Result:
     resume: bool = False
     batch: dict = field(default_factory=dict)  # the realistic trainer batch (64 x 1024): s, tok/s, MFU, GiB
     rollout_rows: list[dict] = field(default_factory=list)  # --worker rollouts: engine against generate
+    decodings: dict = field(default_factory=dict)  # --worker rollouts: each engine decoding's own stats
+    graphs_agree: bool | None = None  # --worker rollouts on CUDA: replayed graphs == eager slot steps
     fsdp: dict = field(default_factory=dict)  # --worker fsdp: the workload, a row per trainer, notes
 
     @property
@@ -589,10 +595,21 @@ def _log_tails(logs: Path, lines: int = 20) -> str:
     return "".join(tails)
 
 
+# The HF engine's decodings the rollouts part compares, as HFEngine options.
+DECODINGS = {
+    "slots": {"decoding": "slots"},  # a CPU's default: nothing to capture
+    "slots + graphs": {"decoding": "slots", "cuda_graphs": True},
+    "slots, eager": {"decoding": "slots", "cuda_graphs": False},
+    "dynamic": {"decoding": "dynamic"},
+}
+
+
 async def check_rollouts(args: argparse.Namespace, result: Result) -> None:
-    """The HF engine through the OpenAI client against plain `generate` on the same prompts, 64 new tokens each
-    (EOS masked until then), at 16 and 64 parallel; and transformers' own continuous batching (`generate_batch`)
-    where it runs. Engine first, alone on the card; then generate in this process."""
+    """The HF engine through the OpenAI client, once per decoding (DECODINGS: three on CUDA, two on a CPU),
+    against plain `generate` on the same prompts, 64 new tokens each (EOS masked until then), at 16 and 64
+    parallel; transformers' own continuous batching (`generate_batch`) where it runs; and, on CUDA, replayed
+    graphs against eager slot steps in this process (the same tokens and logprobs, bit for bit). Each engine
+    alone on the card; then generate in this process."""
     import openai
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -614,35 +631,56 @@ async def check_rollouts(args: argparse.Namespace, result: Result) -> None:
         [{"role": "user", "content": f"Tell a story about the number {i}, in {i % 5 + 2} sentences."}]
         for i in range(max(batches))
     ]
-    rows: dict[int, dict] = {b: {"parallel": b, "tokens": tokens} for b in batches}
-    with tempfile.TemporaryDirectory(prefix="gpu-check-logs-") as logs:
-        engine = HFEngine(
-            base, "check", logs, device="cuda" if on_cuda else "cpu", max_batch_size=max(batches)
-        )
-        memory = PeakMemory() if on_cuda else None
-        await engine.start()
-        client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key, max_retries=0)
+    rows: dict[int, dict] = {b: {"parallel": b, "tokens": tokens, "engine": {}} for b in batches}
+    decodings = ["slots + graphs", "slots, eager", "dynamic"] if on_cuda else ["slots", "dynamic"]
+    if on_cuda and importlib.util.find_spec("vllm") is not None:
+        decodings.append("vLLM")  # alone on the card here; the trainer parts run it beside the trainer
+    peaks = []
+    for label in decodings:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-logs-") as logs:
+            if label == "vLLM":
+                from artnb.backends.engines.vllm.client import VLLMEngine
 
-        async def engine_run(batch: int) -> float:
-            async def one(messages) -> int:
-                completion = await client.chat.completions.create(
-                    model="check", messages=messages, max_tokens=tokens, temperature=1.0,
-                    extra_body={"min_tokens": tokens},
+                engine = VLLMEngine(base, "check", logs)
+            else:
+                engine = HFEngine(
+                    base, "check", logs, device="cuda" if on_cuda else "cpu", max_batch_size=max(batches),
+                    **DECODINGS[label],
                 )  # fmt: skip
-                return completion.usage.completion_tokens
+            memory = PeakMemory() if on_cuda else None
+            try:
+                await engine.start()
+                client = openai.AsyncOpenAI(base_url=engine.base_url, api_key=engine.api_key, max_retries=0)
 
-            started = time.perf_counter()
-            counts = await asyncio.gather(*(one(m) for m in prompts[:batch]))
-            return sum(counts) / (time.perf_counter() - started)
+                async def engine_run(batch: int, client=client) -> float:
+                    async def one(messages) -> int:
+                        completion = await client.chat.completions.create(
+                            model="check", messages=messages, max_tokens=tokens, temperature=1.0,
+                            extra_body={"min_tokens": tokens},
+                        )  # fmt: skip
+                        return completion.usage.completion_tokens
 
-        try:
-            await engine_run(4)  # warm-up
-            for batch in batches:
-                rows[batch]["engine"] = max([await engine_run(batch) for _ in range(2)])
-        finally:
-            await engine.stop()
-        if memory is not None:
-            result.peak_gib = memory.stop() / 2**30
+                    started = time.perf_counter()
+                    counts = await asyncio.gather(*(one(m) for m in prompts[:batch]))
+                    return sum(counts) / (time.perf_counter() - started)
+
+                await engine_run(4)  # warm-up
+                for batch in batches:
+                    rows[batch]["engine"][label] = max([await engine_run(batch) for _ in range(2)])
+                if isinstance(engine, HFEngine):
+                    stats = await engine.stats()
+                    keys = ("decoding", "cuda_graphs", "cuda_graphs_off_why", "graph_captures")
+                    result.decodings[label] = {key: stats[key] for key in keys}
+            except Exception as error:  # one engine's failure leaves the others' columns
+                traceback.print_exc()
+                result.error += f"{label}: {type(error).__name__}: {error}. "
+                for batch in batches:
+                    rows[batch]["engine"].setdefault(label, math.nan)
+            finally:
+                await engine.stop()
+            if memory is not None:
+                peaks.append(memory.stop() / 2**30)
+    result.peak_gib = max(peaks, default=math.nan)
     device = "cuda" if on_cuda else "cpu"
     model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype)).to(device).eval()
     texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
@@ -666,11 +704,31 @@ async def check_rollouts(args: argparse.Namespace, result: Result) -> None:
         rows[batch]["generate"] = max(generate_run(batch) for _ in range(2))
         rows[batch]["continuous"] = math.nan
     result.rollout_rows = list(rows.values())
-    result.ok = True
+    if on_cuda:
+        result.graphs_agree = graphs_agree(model, tokenizer, texts)
+    result.ok = result.graphs_agree is not False and not result.error
     Path(args.out).write_text(json.dumps(dataclasses.asdict(result)))  # kept if the last part overruns
     for batch in batches if on_cuda else ():  # on a CPU it makes 2-4 tokens/s: minutes of CI for nothing
         rows[batch]["continuous"] = continuous_batching(model, tokenizer, texts[:batch], tokens, rows[batch])
     result.rollout_rows = list(rows.values())
+
+
+def graphs_agree(model, tokenizer, texts: list[str]) -> bool:
+    """Rows decoded from the slots with CUDA graphs replayed and with every step eager (the same buckets, so
+    the same kernels): the same tokens and logprobs, bit for bit."""
+    from artnb.backends.engines.hf.batching import Row, decode_batch
+    from artnb.backends.engines.hf.slots import SlotDecoder
+
+    ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts[:6]]
+    runs = []
+    for graphs in (False, True):
+        slots = SlotDecoder(model, graphs=graphs)
+        slots.begin(model, key="check")
+        rows = [Row(p, max_tokens=8 + 4 * i, min_tokens=8 + 4 * i, seed=i) for i, p in enumerate(ids)]
+        decode_batch(model, rows, pad_id=0, eos_ids=[-1], decode=lambda ids: "", slots=slots)
+        slots.release()
+        runs.append([(r.token_ids, r.logprobs) for r in rows])
+    return runs[0] == runs[1]
 
 
 def continuous_batching(model, tokenizer, texts: list[str], tokens: int, row: dict) -> float:
@@ -701,19 +759,31 @@ def print_rollouts(result: Result) -> None:
     print(
         f"\nrollouts on {result.card}, {result.params / 1e9:.3g}B parameters (tokens/s, ratio against generate):"
     )
+    labels = list(result.rollout_rows[0]["engine"])
     print(
-        "| parallel x new tokens | HF engine (OpenAI client) | model.generate | ratio | generate_batch (CB) | ratio |"
+        "| parallel x new tokens | "
+        + "".join(f"{label if label == 'vLLM' else 'HF engine, ' + label} | ratio | " for label in labels)
+        + "model.generate | generate_batch (CB) | ratio |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|" + "---|---|" * len(labels) + "---|---|---|")
     for r in result.rollout_rows:
         g = r["generate"]
+        engines = "".join(
+            f"{_num(r['engine'][label], 0)} | {_num(r['engine'][label] / g, 2)} | " for label in labels
+        )
         print(
-            f"| {r['parallel']} x {r['tokens']} | {r['engine']:.0f} | {g:.0f} | {r['engine'] / g:.2f} | "
-            f"{_num(r['continuous'], 0)} | {_num(r['continuous'] / g, 2)} |"
+            f"| {r['parallel']} x {r['tokens']} | {engines}{g:.0f} | {_num(r['continuous'], 0)} | "
+            f"{_num(r['continuous'] / g, 2)} |"
         )
         if "continuous_error" in r:
             print(f"  generate_batch: {r['continuous_error']}")
-    print(f"engine process peak GPU memory (device-wide): {_num(result.peak_gib, 1, 'n/a')} GiB")
+    for label, stats in result.decodings.items():
+        graphs = f"; {stats['graph_captures']} graphs captured" if stats["cuda_graphs"] else ""
+        off = f"; graphs off: {stats['cuda_graphs_off_why']}" if stats["cuda_graphs_off_why"] else ""
+        print(f"  {label}: {stats['decoding']}{graphs}{off}")
+    if result.graphs_agree is not None:
+        print(f"replayed graphs against eager slot steps, bit for bit: {_yes(result.graphs_agree)}")
+    print(f"engine processes' peak GPU memory (device-wide): {_num(result.peak_gib, 1, 'n/a')} GiB")
 
 
 def print_fsdp(result: Result) -> None:

@@ -34,6 +34,9 @@ ALLOWED = {
         "_config_logged",
     ): "Trackio sends a run's config once; resetting its flag is the only way to send an updated config",
     ("utils/strip_logprobs.py", "_fields"): "namedtuples' public API is spelled `_fields` (stdlib)",
+    ("backends/engines/hf/slots.py", "_attn_implementation"): "transformers picks a model's attention "
+    "function from `config._attn_implementation` at each forward pass; its public setter "
+    "(`set_attn_implementation`) walks every module, too slow to switch for each decode step",
     ("backends/server.py", "_experimental_fork_checkpoint"): "ART's public API spells it with an underscore "
     "(`backend._experimental_fork_checkpoint`)",
 }

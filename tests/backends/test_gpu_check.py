@@ -33,8 +33,10 @@ def test_dry_run_passes_and_prints_its_table():
     assert (cells["MFU"], cells["peak GPU GiB"]) == ("n/a", "n/a")  # no GPU to measure against
     assert (cells["hot-load"], cells["resume"]) == ("ok", "ok")
     rollouts = next(line for line in out.splitlines() if line.startswith("| 8 x 8 |")).strip("|").split("|")
-    engine, generate, ratio = (float(c) for c in rollouts[1:4])
-    assert engine > 0 and generate > 0 and abs(ratio - engine / generate) < 0.02
+    slots, slots_ratio, dynamic, dynamic_ratio, generate = (float(c) for c in rollouts[1:6])
+    assert generate > 0 and abs(slots_ratio - slots / generate) < 0.02
+    assert abs(dynamic_ratio - dynamic / generate) < 0.02
+    assert "  slots: slots (start check: logprobs within" in out and "  dynamic: dynamic, as asked" in out
     batch = (
         next(line for line in out.splitlines() if line.startswith("| peft | 8 x 64 |")).strip("|").split("|")
     )

@@ -108,6 +108,27 @@ async def test_logprobs_are_the_raw_model_logprobs(client, reference):
     torch.testing.assert_close(reported, expected, atol=1e-4, rtol=0)
 
 
+async def test_slots_serve_by_default_and_a_dynamic_engine_answers_the_same(engine, client, tiny, tmp_path):
+    """The engine decodes from its slot buffers (said in its stats), and `decoding="dynamic"` (every model's
+    fallback) gives a seeded request the same tokens and logprobs."""
+    stats = await engine.stats()
+    assert stats["decoding"].startswith("slots") and not stats["cuda_graphs"]
+    dynamic = HFEngine(tiny, "base", tmp_path, device="cpu", decoding="dynamic")
+    await dynamic.start(timeout=120)
+    try:
+        assert (await dynamic.stats())["decoding"].startswith("dynamic, as asked")
+        other = openai.AsyncOpenAI(base_url=dynamic.base_url, api_key=dynamic.api_key, max_retries=0)
+        for seed in (1, 2):
+            a, b = await chat(client, seed=seed, max_tokens=12), await chat(other, seed=seed, max_tokens=12)
+            assert a.choices[0].token_ids == b.choices[0].token_ids
+            lp = [[t.logprob for t in c.choices[0].logprobs.content] for c in (a, b)]
+            assert max(abs(x - y) for x, y in zip(*lp, strict=True)) < 1e-4
+    finally:
+        await dynamic.stop()
+    with pytest.raises(ValueError, match="decoding='paged': pass one of"):
+        HFEngine(tiny, "base", tmp_path, decoding="paged")
+
+
 async def test_n_choices(client):
     completion = await chat(client, n=3)
     assert [c.index for c in completion.choices] == [0, 1, 2]

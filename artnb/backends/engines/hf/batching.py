@@ -1,37 +1,35 @@
-"""The HF engine's decoding loop and request scheduler.
+"""The HF engine's decoding loop: rows in, sampled tokens and their logprobs out.
 
 Why a hand-written loop instead of `model.generate`: every row of a batch needs its own temperature, top_p,
 max_tokens, stop strings, seed and output constraint (a choice trie or a JSON grammar, see hf/grammar.py),
 and the engine must report the raw log-probability of every sampled token. Design choices:
 
-- Left-padded batch, `position_ids` from the attention mask, a `DynamicCache`, and a prefill that keeps only
-  the last position's logits (`logits_to_keep=1`), so the prompt never pays for a full-vocabulary projection.
-- Continuous batching: finished rows leave the batch (the KV cache is re-indexed) and queued rows of the same
-  model join it between steps (their own prefill, then their cache merged in, left-padded), so neither a
-  long straggler nor an agent's next turn waits for a whole batch to drain. A request is answered as soon as
-  its own rows end. Rows whose client went away (`Row.cancelled`, set from the event loop and read by the
-  decoding thread at each step) leave with finish_reason "abort"; their queued rows never run.
+- Prefill: left-padded rows, `position_ids` from the attention mask, a `DynamicCache`, and only the last
+  position's logits (`logits_to_keep=1`), so the prompt never pays for a full-vocabulary projection; prompts of
+  very different lengths are prefilled in separate chunks (`prefill_chunks`).
+- Decoding, two ways: from the engine's slot buffers (`_SlotBatch`, hf/slots.py: fixed shapes, so a CUDA
+  graph replays each step; the default wherever the model passes `check_slots`), or from a growing
+  `DynamicCache` (`_Batch`: every model, sliding windows included).
+- Continuous batching: finished rows leave the batch and queued rows of the same model join it between steps
+  (their own prefill, then their keys and values moved into the batch), so neither a long straggler nor an
+  agent's next turn waits for a whole batch to drain. Rows whose client went away (`Row.cancelled`, set from
+  the event loop and read by the decoding thread at each step) leave with finish_reason "abort".
 - Sampling is batched (hf/sampling.py): per-row settings as tensors, one host copy per step. Reported logprobs
   are the model's log-softmax at temperature 1, before the choice or grammar mask, temperature or top_p: that
   is what the trainer recomputes, and what vLLM reports by default. A seeded row's tokens depend only on its
   seed and its own logits, whatever else runs beside it or whenever it joined.
 - A streamed row's `on_token` is called after each token it gains (and once when it finishes), so the server
   can send tokens as they are sampled; the callback only wakes the event loop, it never blocks decoding.
-- The scheduler batches requests that arrive within a few milliseconds of each other, runs one adapter's
-  rows per batch in a worker thread, and resolves model names only when rows are scheduled, so a request
-  queued during `hold` runs on the adapter loaded before `release` (no row joins a batch while held).
-- Why not transformers' own continuous batching (`generate_batch`, paged attention) or a static cache with
-  CUDA graphs: per-row sampling settings, raw logprobs, grammar masks, cancellation and adapter switching
-  would all have to go through its request manager; `benchmarks/gpu_check.py` measures it beside this loop.
+- Why not transformers' own continuous batching (`generate_batch`, paged attention): per-row sampling
+  settings, raw logprobs, grammar masks, cancellation and adapter switching would all have to go through its
+  request manager, and on an H100 it ran at 0.21-0.26x plain `generate` (benchmarks/gpu_check.py measures it
+  beside this loop). The request scheduler is hf/scheduler.py.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 import secrets
-import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,10 +37,10 @@ from typing import Any, Protocol, cast
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from artnb.backends.engines.hf.grammar import JsonConstraint, mask_logits
 from artnb.backends.engines.hf.sampling import Sampled, Settings, sample
+from artnb.backends.engines.hf.slots import SlotDecoder, plain_layers, unsupported_reason
 
 _END = -1  # trie key marking "a complete choice ends here"
 
@@ -142,26 +140,48 @@ class _KVLayer(Protocol):
     values: torch.Tensor
 
 
-def _plain_layers(cache: DynamicCache) -> bool:
-    """Whether every layer of `cache` is a plain DynamicLayer, whose keys and values rows can be merged into
-    (sliding-window layers cannot)."""
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
 def _kv_layers(cache: DynamicCache) -> list[_KVLayer]:
-    """The layers of a joinable cache (`_Batch.joinable`: plain DynamicLayers), their keys and values set by
-    the prefill; transformers types a layer as any kind, its keys as possibly None."""
+    """The layers of a joinable cache (`plain_layers`), their keys and values set by the prefill; transformers
+    types a layer as any kind, its keys as possibly None."""
     return cast("list[_KVLayer]", cache.layers)
 
 
-class _Batch:
-    """The rows decoding together: their KV cache, attention mask, next positions and last logits.
+@dataclass
+class _Prefill:
+    """One padded prefill pass over some rows: their cache (left-padded to a common width) and next logits."""
 
-    Rows are left-padded to a common width. Rows join (`add`: their own prefill, then their cache is merged in,
-    the shorter side padded on the left and masked) and leave (`keep`) between steps; leading columns that no
-    row still attends to are cropped, so a batch that runs for hours does not grow wider. Joining needs plain
-    `DynamicLayer`s; a model with other cache layers (sliding windows) decodes each batch to the end instead.
-    """
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, width]
+    next_pos: torch.Tensor  # [B]
+    logits: torch.Tensor  # [B, V]
+
+
+def _prefill(model: Any, rows: list[Row], pad_id: int) -> _Prefill:
+    width = max(len(r.prompt_ids) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+        mask[i, width - len(row.prompt_ids) :] = 1
+    input_ids, mask = input_ids.to(model.device), mask.to(model.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return _Prefill(cache, mask, positions[:, -1] + 1, out.logits[:, -1, :])
+
+
+class _Rows:
+    """The rows decoding together and what sampling needs of them: each row's place in its choice trie and
+    stop-string tail, their settings as tensors, and their next logits. Subclasses keep the KV cache."""
+
+    joinable = True  # rows may join between steps
 
     def __init__(self, model: Any, *, pad_id: int, eos_ids: list[int]):
         self.model, self.pad_id, self.eos_ids = model, pad_id, eos_ids
@@ -169,63 +189,35 @@ class _Batch:
         self.rows: list[Row] = []
         self.nodes: list[dict | None] = []  # each row's position in its choice trie
         self.tails: list[int] = []  # how many final tokens may hold a stop string
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [B, L]; these three are set with the cache
-        self.next_pos: torch.Tensor | None = None  # [B]
         self.logits: torch.Tensor | None = None  # [B, V]
         self.settings: Settings | None = None
         self.generator = torch.Generator(device=self.device).manual_seed(secrets.randbits(63))
 
-    @property
-    def joinable(self) -> bool:
-        return _plain_layers(self.cache or DynamicCache(config=self.model.config))
-
     def add(self, rows: list[Row]) -> None:
-        """Prefill `rows` and make them part of the batch (their logits ready for the next sample), in chunks
-        of similar prompt lengths (`prefill_chunks`) where the model's cache can be merged."""
-        for chunk in prefill_chunks(rows) if self.joinable else [rows]:
-            self._add(chunk)
+        """Prefill `rows` and make them part of the batch (their logits ready for the next sample)."""
+        raise NotImplementedError
 
-    def _add(self, rows: list[Row]) -> None:
-        width = max(len(r.prompt_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
-            mask[i, width - len(row.prompt_ids) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits, next_pos = out.logits[:, -1, :], positions[:, -1] + 1
+    def keep(self, keep: list[int], tokens: torch.Tensor) -> None:
+        """Keep rows `keep` (indices into self.rows) and feed each its sampled token (`tokens`, one per row, on
+        the device): their next logits."""
+        raise NotImplementedError
+
+    def _append(self, rows: list[Row], logits: torch.Tensor) -> None:
         self.rows += rows
         self.nodes += [r.choices.root if r.choices else None for r in rows]
         # A stop string of c characters spans at most c tokens, plus a few for a character split into bytes.
         self.tails += [4 * max(map(len, r.stop)) + 4 if r.stop else 0 for r in rows]
-        if self.cache is None:
-            self.cache, self.mask, self.next_pos, self.logits = cache, mask, next_pos, logits
-        else:
-            assert self.mask is not None and self.next_pos is not None and self.logits is not None
-            old, new = self.mask.shape[1], mask.shape[1]
-            total = max(old, new)
-            for mine, theirs in zip(_kv_layers(self.cache), _kv_layers(cache), strict=True):
-                mine.keys = torch.cat(
-                    [_left_pad(mine.keys, total - old, -2), _left_pad(theirs.keys, total - new, -2)]
-                )
-                mine.values = torch.cat(
-                    [_left_pad(mine.values, total - old, -2), _left_pad(theirs.values, total - new, -2)]
-                )
-            self.mask = torch.cat([_left_pad(self.mask, total - old, -1), _left_pad(mask, total - new, -1)])
-            self.next_pos = torch.cat([self.next_pos, next_pos])
-            self.logits = torch.cat([self.logits, logits])
+        self.logits = logits if self.logits is None else torch.cat([self.logits, logits])
         self.settings = None
+
+    def _select(self, order: list[int]) -> None:
+        self.rows = [self.rows[j] for j in order]
+        self.nodes = [self.nodes[j] for j in order]
+        self.tails = [self.tails[j] for j in order]
+        self.settings = None
+
+    def _clear(self) -> None:
+        self.rows, self.nodes, self.tails, self.settings, self.logits = [], [], [], None, None
 
     def sample(self) -> Sampled:
         assert self.logits is not None, "sample() needs rows in the batch"
@@ -249,12 +241,54 @@ class _Batch:
             masks.append(lambda logits: mask_logits(logits, [row.grammar for row in self.rows]))
         return masks
 
+
+class _Batch(_Rows):
+    """Rows decoding from a growing `DynamicCache`, left-padded to a common width.
+
+    Rows join (`add`: their own prefill, then their cache is merged in, the shorter side padded on the left and
+    masked) and leave (`keep`) between steps; leading columns that no row still attends to are cropped, so a
+    batch that runs for hours does not grow wider. Joining needs plain `DynamicLayer`s; a model with other
+    cache layers (sliding windows) decodes each batch to the end instead.
+    """
+
+    def __init__(self, model: Any, *, pad_id: int, eos_ids: list[int]):
+        super().__init__(model, pad_id=pad_id, eos_ids=eos_ids)
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, L]; these two are set with the cache
+        self.next_pos: torch.Tensor | None = None  # [B]
+        self.joinable = plain_layers(DynamicCache(config=model.config))
+
+    def add(self, rows: list[Row]) -> None:
+        """Prefill `rows` and make them part of the batch (their logits ready for the next sample), in chunks
+        of similar prompt lengths (`prefill_chunks`) where the model's cache can be merged."""
+        for chunk in prefill_chunks(rows) if self.joinable else [rows]:
+            self._add(chunk)
+
+    def _add(self, rows: list[Row]) -> None:
+        new = _prefill(self.model, rows, self.pad_id)
+        if self.cache is None:
+            self.cache, self.mask, self.next_pos = new.cache, new.mask, new.next_pos
+        else:
+            assert self.mask is not None and self.next_pos is not None
+            old, width = self.mask.shape[1], new.mask.shape[1]
+            total = max(old, width)
+            for mine, theirs in zip(_kv_layers(self.cache), _kv_layers(new.cache), strict=True):
+                mine.keys = torch.cat(
+                    [_left_pad(mine.keys, total - old, -2), _left_pad(theirs.keys, total - width, -2)]
+                )
+                mine.values = torch.cat(
+                    [_left_pad(mine.values, total - old, -2), _left_pad(theirs.values, total - width, -2)]
+                )
+            self.mask = torch.cat(
+                [_left_pad(self.mask, total - old, -1), _left_pad(new.mask, total - width, -1)]
+            )
+            self.next_pos = torch.cat([self.next_pos, new.next_pos])
+        self._append(rows, new.logits)
+
     def keep(self, keep: list[int], tokens: torch.Tensor) -> None:
-        """Keep rows `keep` (indices into self.rows) and feed each its sampled token (`tokens`, one per row, on
-        the device): their next logits."""
         if not keep:
-            self.rows, self.nodes, self.tails, self.settings = [], [], [], None
-            self.cache = self.mask = self.next_pos = self.logits = None
+            self._clear()
+            self.cache = self.mask = self.next_pos = None
             return
         assert self.cache is not None and self.mask is not None and self.next_pos is not None
         if len(keep) < len(self.rows):
@@ -262,10 +296,7 @@ class _Batch:
             tokens = tokens[index]
             self.cache.batch_select_indices(index)
             self.mask, self.next_pos = self.mask[index], self.next_pos[index]
-            self.rows = [self.rows[j] for j in keep]
-            self.nodes = [self.nodes[j] for j in keep]
-            self.tails = [self.tails[j] for j in keep]
-            self.settings = None
+            self._select(keep)
             if self.joinable:
                 self._crop()
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(keep), 1))], dim=-1)
@@ -287,6 +318,121 @@ class _Batch:
             for layer in _kv_layers(self.cache):
                 layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
             self.mask = self.mask[:, lead:]
+
+
+class _SlotBatch(_Rows):
+    """Rows decoding from an engine's slot buffers (hf/slots.py): row j in slot j, each at its own column.
+
+    A joining row's prompt is prefilled as in `_Batch` (chunks of similar lengths, padded) and its keys and
+    values copied into a free slot; rows that leave give their slots to the last rows. The buffers grow before
+    a step that needs more slots or columns.
+    """
+
+    def __init__(self, model: Any, slots: SlotDecoder, *, pad_id: int, eos_ids: list[int]):
+        super().__init__(model, pad_id=pad_id, eos_ids=eos_ids)
+        self.slots = slots
+
+    def add(self, rows: list[Row]) -> None:
+        for chunk in prefill_chunks(rows):
+            new = _prefill(self.model, chunk, self.pad_id)
+            first = len(self.rows)
+            self._reserve(self.rows + chunk)
+            layers = _kv_layers(new.cache)
+            keys = torch.stack([layer.keys for layer in layers])  # [layers, rows, kv_heads, width, head_dim]
+            values = torch.stack([layer.values for layer in layers])
+            for i, row in enumerate(chunk):
+                self.slots.load(first + i, keys[:, i], values[:, i], len(row.prompt_ids))
+            self._append(chunk, new.logits)
+
+    def keep(self, keep: list[int], tokens: torch.Tensor) -> None:
+        if not keep:
+            self._clear()
+            return
+        if len(keep) < len(self.rows):
+            n, kept = len(keep), set(keep)
+            holes = [j for j in range(n) if j not in kept]
+            movers = [j for j in keep if j >= n]
+            order = list(range(n))
+            for hole, mover in zip(holes, movers, strict=True):
+                order[hole] = mover
+            if holes:
+                self.slots.move(holes, movers)
+            tokens = tokens[torch.tensor(order, device=self.device)]
+            self._select(order)
+        self._reserve(self.rows)
+        width = max(len(r.prompt_ids) + len(r.token_ids) for r in self.rows)  # the fed tokens' positions + 1
+        self.logits = self.slots.step(len(self.rows), tokens, width)
+
+    def _reserve(self, rows: list[Row]) -> None:
+        """Room for `rows` (those already in slots first), the column each writes next and the one after it
+        (a step moves every position on, clamped to the last column)."""
+        self.slots.reserve(
+            len(rows),
+            columns=max(len(r.prompt_ids) + max(len(r.token_ids), 1) + 1 for r in rows),
+            most_columns=max(len(r.prompt_ids) + r.max_tokens for r in rows),
+        )
+
+
+# The largest difference of any token's logprob between slot and dynamic-cache decoding that check_slots accepts,
+# by dtype: fp32 agrees to ~4e-5 on the embedded model; 16-bit floats keep 8 or 11 bits of each sum, and the two
+# attend over different widths. A real fault is far larger: on the embedded model (fp32) a position off by one
+# moved logprobs by 2.2, one prompt column masked out by 18.
+SLOT_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6}
+SLOT_TOLERANCE_16BIT = 0.5
+
+
+@dataclass
+class SlotCheck:
+    """What `check_slots` found: why the model must not decode from slots (None: it may), and the largest
+    logprob difference it measured against the dynamic cache."""
+
+    problem: str | None
+    difference: float = math.nan
+
+
+@torch.inference_mode()
+def check_slots(model: Any, slots: SlotDecoder, *, pad_id: int, eos_ids: list[int]) -> SlotCheck:
+    """Whether `model` may decode from `slots`: its config (`unsupported_reason`), then the same greedy steps
+    from the slots and from a dynamic cache, with a row joining, a row leaving and replayed CUDA graphs among
+    them, whose logprobs must agree within SLOT_TOLERANCE. Frees the slots."""
+    if (reason := unsupported_reason(model)) is not None:
+        return SlotCheck(reason)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompts = [[(101 + 7 * i + 13 * k) % vocab for k in range(3 + 5 * i)] for i in range(3)]
+    dtype = next(model.parameters()).dtype
+    tolerance = SLOT_TOLERANCE.get(dtype, SLOT_TOLERANCE_16BIT)
+    slots.begin(model, key=("check",))
+    try:
+        dynamic = _Batch(model, pad_id=pad_id, eos_ids=eos_ids)
+        slotted = _SlotBatch(model, slots, pad_id=pad_id, eos_ids=eos_ids)
+        worst = 0.0
+        joining = {0: prompts[:2], 3: prompts[2:]}
+        for step in range(8):  # rows: 2 (a bucket's first step, eager), 2 (replayed), 2, 3, 3, 2, 2, 2
+            for batch in (dynamic, slotted):
+                if step in joining:
+                    batch.add([Row(p, max_tokens=16, temperature=0.0) for p in joining[step]])
+            assert dynamic.logits is not None and slotted.logits is not None
+            expected = torch.log_softmax(dynamic.logits.float(), dim=-1)
+            worst = max(
+                worst, float((expected - torch.log_softmax(slotted.logits.float(), dim=-1)).abs().max())
+            )
+            tokens = dynamic.logits.argmax(dim=-1)  # both sides are fed the same tokens
+            keep = [j for j in range(len(dynamic.rows)) if not (step == 5 and j == 1)]
+            for batch in (dynamic, slotted):
+                for row, token in zip(batch.rows, tokens.tolist(), strict=True):
+                    row.token_ids.append(token)
+                batch.keep(keep, tokens)
+    except Exception as error:  # a model whose forward pass does not fit the slots
+        return SlotCheck(f"decoding from the slots failed ({type(error).__name__}: {error})")
+    finally:
+        slots.release()
+    if worst > tolerance:
+        return SlotCheck(
+            f"its logprobs from the slots differed from the dynamic cache's by {worst:.3g} "
+            f"(more than {tolerance:g} for {dtype})",
+            worst,
+        )
+    return SlotCheck(None, worst)
 
 
 def _mask_choice(logits: torch.Tensor, *, j: int, allowed: list[int]) -> None:
@@ -320,14 +466,20 @@ def decode_batch(
     more: Callable[[int], list[Row]] | None = None,
     max_rows: int = 0,
     on_finish: Callable[[Row], None] | None = None,
+    slots: SlotDecoder | None = None,
 ) -> None:
     """Sample every row to completion in one decoding loop, filling token_ids, logprobs and finish_reason.
 
     Between steps, `more(n)` may hand over up to n new rows (n keeps the batch within `max_rows`): they join the
     running batch and the loop runs until no row is left. `on_finish(row)` is called as each row finishes.
-    `eos_ids[0]` is the token a choice constraint forces once a choice is complete.
+    `eos_ids[0]` is the token a choice constraint forces once a choice is complete. With `slots` (begun on
+    this model: `SlotDecoder.begin`) the rows decode from its slot buffers, else from a dynamic cache.
     """
-    batch = _Batch(model, pad_id=pad_id, eos_ids=eos_ids)
+    batch: _Rows = (
+        _Batch(model, pad_id=pad_id, eos_ids=eos_ids)
+        if slots is None
+        else _SlotBatch(model, slots, pad_id=pad_id, eos_ids=eos_ids)
+    )
     batch.add(rows)
     while batch.rows:
         sampled = batch.sample()
@@ -358,191 +510,3 @@ def decode_batch(
             joining = more(room)
             if joining:
                 batch.add(joining)
-
-
-@dataclass
-class _Job:
-    model: str
-    rows: list[Row]
-    future: asyncio.Future
-    resolved: str | None = None  # the model name the rows ran on, fixed when the first rows are scheduled
-
-
-class Scheduler:
-    """Queues requests, batches them, and runs each batch in a worker thread; supports hold/release.
-
-    `resolve(name)` maps a requested model name to the name that serves it (raising for unknown names);
-    `run_batch(resolved_name, rows, more, on_finish)` decodes the rows (blocking; it runs in a worker thread),
-    calling `more(n)` between steps for up to n queued rows of the same model to join the running batch, and
-    `on_finish(row)` as each row ends, so that a request is answered as soon as its own rows are done.
-    """
-
-    def __init__(
-        self,
-        resolve: Callable[[str], str],
-        run_batch: Callable[[str, list[Row], Callable[[int], list[Row]], Callable[[Row], None]], None],
-        max_batch_size: int,
-        quiet_s: float = 0.01,  # a batch forms once no request arrived for this long...
-        max_wait_s: float = 0.05,  # ...or after this long, whichever comes first
-    ):
-        self.resolve, self.run_batch, self.max_batch_size = resolve, run_batch, max_batch_size
-        self.quiet_s, self.max_wait_s = quiet_s, max_wait_s
-        self._pending: deque[Row] = deque()
-        self._lock = threading.Lock()  # _pending is also read by the decoding thread (rows joining)
-        self._arrivals = 0
-        self._work = asyncio.Event()
-        self._released = asyncio.Event()
-        self._released.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.stats = {
-            "requests": 0,
-            "rows": 0,  # rows decoded (aborted ones included)
-            "batches": 0,
-            "joined_rows": 0,  # rows that joined a batch already decoding
-            "running": 0,
-            "held": False,
-            "aborted_rows": 0,  # left a running batch because their client disconnected
-            "dropped_rows": 0,  # removed from the queue before running, because their client disconnected
-        }
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.create_task(self._loop_forever())
-
-    async def submit(self, model: str, rows: list[Row]) -> str:
-        """Queue rows for `model`; return the model name they ran on once all are finished.
-
-        Cancelling the caller (its client went away) cancels the rows: queued ones are dropped, running ones
-        leave their batch at the next decoding step.
-        """
-        job = _Job(model, rows, asyncio.get_running_loop().create_future())
-        for row in rows:
-            row.job = job
-        with self._lock:
-            self._pending.extend(rows)
-        self._arrivals += 1
-        self.stats["requests"] += 1
-        self._work.set()
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            for row in rows:
-                row.cancelled = True
-            raise
-
-    async def hold(self) -> None:
-        """New and queued requests wait; returns once the batch in flight (if any) has finished."""
-        self.stats["held"] = True
-        self._released.clear()
-        await self._idle.wait()
-
-    def release(self) -> None:
-        self.stats["held"] = False
-        self._released.set()
-
-    async def _gather(self) -> None:
-        deadline = time.monotonic() + self.max_wait_s
-        while len(self._pending) < self.max_batch_size and time.monotonic() < deadline:
-            seen = self._arrivals
-            await asyncio.sleep(self.quiet_s)
-            if self._arrivals == seen:
-                return
-
-    def _pick(self, model: str | None, limit: int) -> tuple[str, list[Row]]:
-        """Up to `limit` queued rows of `model` (None: the oldest live row's model); fails unknown models.
-
-        Runs on the event loop (a new batch) or the decoding thread (rows joining), under the queue's lock.
-        Joining stops at the first queued row of another model, so that the batch drains and that model's rows
-        run next instead of waiting behind a stream of newer rows.
-        """
-        chosen = model
-        batch: list[Row] = []
-        remaining: deque[Row] = deque()
-        blocked = False
-        with self._lock:
-            for row in self._pending:
-                job = row.job
-                if row.cancelled:
-                    self.stats["dropped_rows"] += 1
-                    continue
-                if job.future.done():
-                    continue
-                try:
-                    name = job.resolved or self.resolve(job.model)
-                except Exception as error:
-                    self._call(_fail, job, error)
-                    continue
-                chosen = chosen or name
-                blocked = blocked or (model is not None and name != model)
-                if name == chosen and len(batch) < limit and not blocked:
-                    job.resolved = name
-                    batch.append(row)
-                else:
-                    remaining.append(row)
-            self._pending = remaining
-        return chosen or "", batch
-
-    def _join(self, model: str, batch: list[Row], limit: int) -> list[Row]:
-        """Rows to join the running batch of `model` (the decoding thread asks between steps)."""
-        if not self._pending or not self._released.is_set():
-            return []
-        _, rows = self._pick(model, limit)
-        batch += rows
-        self.stats["joined_rows"] += len(rows)
-        return rows
-
-    def _finished(self, row: Row) -> None:
-        """A row ended (on the decoding thread): answer its request if that was its last row."""
-        job = row.job
-        if job is not None and all(r.finish_reason for r in job.rows):
-            self._call(_complete, job)
-
-    def _call(self, function: Callable[..., None], *args: Any) -> None:
-        """Run `function` on the event loop (futures are not thread-safe), from either thread."""
-        assert self._loop is not None, "Scheduler.start() first"
-        self._loop.call_soon_threadsafe(function, *args)
-
-    async def _loop_forever(self) -> None:
-        while True:
-            await self._work.wait()
-            await self._released.wait()
-            await self._gather()
-            if not self._released.is_set():
-                continue
-            model, batch = self._pick(None, self.max_batch_size)
-            if not self._pending:
-                self._work.clear()
-            if not batch:
-                continue
-            self._idle.clear()
-            self.stats["running"] = 1
-            more = partial(self._join, model, batch)
-            try:
-                await asyncio.to_thread(self.run_batch, model, batch, more, self._finished)
-            except Exception as error:
-                for job in {id(r.job): r.job for r in batch}.values():
-                    _fail(job, error)
-            finally:
-                self.stats["running"] = 0
-                self.stats["batches"] += 1
-                self.stats["rows"] += len(batch)
-                self.stats["aborted_rows"] += sum(r.finish_reason == "abort" for r in batch)
-                self._idle.set()
-            for job in {id(r.job): r.job for r in batch}.values():
-                if all(r.finish_reason for r in job.rows):
-                    _complete(job)
-            if self._pending:
-                self._work.set()
-
-
-def _complete(job: _Job) -> None:
-    if not job.future.done():
-        job.future.set_result(job.resolved)
-
-
-def _fail(job: _Job, error: BaseException) -> None:
-    if not job.future.done():
-        job.future.set_exception(error)

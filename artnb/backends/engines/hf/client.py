@@ -17,6 +17,8 @@ from artnb.backends.engines.child_process import ServerEngine
 from artnb.backends.engines.guard import DEFAULT_MAX_REQUEST_BYTES
 
 API_KEY_ENV = "ARTNB_ENGINE_API_KEY"  # how HFEngine hands the server its key
+# The server's --decoding: from fixed slot buffers (hf/slots.py), or from a growing cache.
+DECODINGS = ("slots", "dynamic")
 
 OMP_ENV_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # GNU libgomp's, which torch's CPU wheel uses
 AUTO_OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -63,6 +65,11 @@ class HFEngine(ServerEngine):
         layers' weights (all linear layers of SmolLM2-135M in fp32: ~425 MB) and one merge pass when a new
         adapter loads; switching between merged and LoRA batches only swaps parameters (merged_weights.py).
         Turn it off to save that memory (a small notebook server).
+    decoding: "slots" (default): decode from fixed per-row KV buffers (hf/slots.py), which on CUDA replay each
+        step as a CUDA graph, wherever the model passes the engine's start check (full attention; the same
+        logprobs as the dynamic cache), else the dynamic way; "dynamic": a growing cache for every batch. The
+        engine's log and `stats()["decoding"]` say which runs and why. cuda_graphs: replay slot steps as CUDA
+        graphs on a GPU (default True; off decodes the same slots eagerly).
     omp_wait_policy: how the server's OpenMP threads wait between parallel regions (see OMP_POLICIES).
         "auto" (default): AUTO_OMP_ENV, chosen by benchmarks/omp_wait_policy.py, unless OMP_WAIT_POLICY or
         GOMP_SPINCOUNT is set in this process's environment, which then wins; "active": spin (fastest on
@@ -88,10 +95,17 @@ class HFEngine(ServerEngine):
         start_timeout_s: float | None = None,
         unanswered_s: float = 60.0,
         merge_newest: bool | None = None,
+        decoding: str = "slots",
+        cuda_graphs: bool = True,
         omp_wait_policy: str = "auto",
         chat_template: str | None = None,
         default_chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
+        if decoding not in DECODINGS:
+            raise ValueError(
+                f"decoding={decoding!r}: pass one of {DECODINGS} (slots: fixed buffers, CUDA graphs on a GPU; "
+                f"dynamic: a growing cache)"
+            )
         if omp_wait_policy not in OMP_POLICIES:
             raise ValueError(
                 f"omp_wait_policy={omp_wait_policy!r}: pass one of {list(OMP_POLICIES)} "
@@ -113,6 +127,7 @@ class HFEngine(ServerEngine):
         self.device, self.max_batch_size, self.max_loras = device, max_batch_size, max_loras
         self.trust_request_chat_template = trust_request_chat_template
         self.merge_newest, self.omp_wait_policy = merge_newest, omp_wait_policy
+        self.decoding, self.cuda_graphs = decoding, cuda_graphs
 
     async def start(self, timeout: float | None = None) -> None:
         """Launch the server and wait until it serves; the event loop keeps running meanwhile."""
@@ -139,6 +154,8 @@ class HFEngine(ServerEngine):
                 *(["--trust-request-chat-template"] if self.trust_request_chat_template else []),
                 *template,
                 *merge,
+                "--decoding", self.decoding,
+                "--cuda-graphs" if self.cuda_graphs else "--no-cuda-graphs",
                 "--parent-pid", str(os.getpid()),  # it may be orphaned before it starts watching
             ]  # fmt: skip
 

@@ -45,11 +45,10 @@ Limits, so one client cannot stall or flood the server:
   JSON` are the template's variables for every request, under a request's own `chat_template_kwargs` (vLLM's
   flags, with vLLM's meaning): so every client, not only artnb's, renders as the model is trained.
 
-The decoding loop (continuous batching: requests join a running batch) and the scheduler live in
-hf/batching.py, the batched sampler in hf/sampling.py, the wire format in hf/protocol.py. Measured on an
-H100 (benchmarks/gpu_check.py, README "GPU"): 0.94x / 0.81x plain `generate` at 16 / 64 parallel, where
-transformers' own continuous batching (`generate_batch`) made 0.26x / 0.21x; on a 2-core CPU, with the tiny
-model where the serving code is all that costs, 1.9x `generate` at 8 and 64 parallel.
+The scheduler lives in hf/scheduler.py, the decoding loop (continuous batching: requests join a running batch)
+in hf/batching.py, the slot buffers it decodes from (CUDA graphs on a GPU; `--decoding`, checked at start, the
+result in the log and `/artnb/stats`) in hf/slots.py, the batched sampler in hf/sampling.py, the wire format in
+hf/protocol.py. A hold frees the slot buffers and their graphs, for the trainer beside the engine.
 """
 
 from __future__ import annotations
@@ -84,8 +83,8 @@ from artnb.backends.engines.guard import (
     error_body,
     while_connected,
 )
-from artnb.backends.engines.hf.batching import ChoiceTrie, Row, Scheduler, decode_batch
-from artnb.backends.engines.hf.client import API_KEY_ENV
+from artnb.backends.engines.hf.batching import ChoiceTrie, Row, check_slots, decode_batch
+from artnb.backends.engines.hf.client import API_KEY_ENV, DECODINGS
 from artnb.backends.engines.hf.grammar import GrammarCompiler, JsonConstraint
 from artnb.backends.engines.hf.protocol import (
     ChatRequest,
@@ -101,6 +100,8 @@ from artnb.backends.engines.hf.protocol import (
     structured_output,
     tool_choice,
 )
+from artnb.backends.engines.hf.scheduler import Scheduler
+from artnb.backends.engines.hf.slots import SlotDecoder
 from artnb.backends.engines.hf.streaming import ChunkStream
 from artnb.backends.engines.merged_weights import MergedWeights, unmergeable_reason
 from artnb.backends.engines.tool_calls import call_schema
@@ -138,8 +139,13 @@ class HFServer:
         merge_newest: bool | None = None,
         chat_template: str | None = None,
         default_chat_template_kwargs: dict[str, Any] | None = None,
+        decoding: str = "slots",
+        cuda_graphs: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding={decoding!r}: pass one of {DECODINGS}")
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -186,6 +192,18 @@ class HFServer:
         # The compiler reads the vocabulary on first use, in another thread: give it its own tokenizer.
         self.grammars = GrammarCompiler(copy.deepcopy(self.tokenizer), vocab_size, self.eos_ids)
         self.scheduler = Scheduler(self.resolve, self.run_batch, max_batch_size)
+        self._served_version = 0  # moves on whenever adapters or merged weights change (graphs are dropped)
+        self.slots: SlotDecoder | None = None
+        self.decoding = "dynamic, as asked (--decoding dynamic)"
+        if decoding == "slots":
+            slots = SlotDecoder(self.base, graphs=cuda_graphs)
+            check = check_slots(self.base, slots, pad_id=self.pad_id, eos_ids=self.eos_ids)
+            self.slots = slots if check.problem is None else None
+            self.decoding = (
+                f"slots (start check: logprobs within {check.difference:.2g} of the dynamic cache's)"
+                if check.problem is None
+                else f"dynamic: {check.problem}"
+            )
 
     @contextmanager
     def _using_model(self) -> Iterator[None]:
@@ -262,17 +280,40 @@ class HFServer:
                 raise EngineError(404, f"adapter {name!r} was unloaded before its request ran; load it again")
             decode = lambda ids: self._worker_tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
             join = None if more is None else (lambda n: [] if self._model_waiters else more(n))
-            with context:
-                decode_batch(
-                    model,
-                    rows,
-                    pad_id=self.pad_id,
-                    eos_ids=self.eos_ids,
-                    decode=decode,
-                    more=join,
-                    max_rows=self.max_batch_size,
-                    on_finish=on_finish,
-                )
+            if self.slots is not None:
+                self.slots.begin(model, key=(name, self.merged, self._served_version))
+            try:
+                with context:
+                    decode_batch(
+                        model,
+                        rows,
+                        pad_id=self.pad_id,
+                        eos_ids=self.eos_ids,
+                        decode=decode,
+                        more=join,
+                        max_rows=self.max_batch_size,
+                        on_finish=on_finish,
+                        slots=self.slots,
+                    )
+            finally:
+                if self.slots is not None:
+                    self.slots.end()
+
+    def free_decoding_memory(self) -> None:
+        """Give back the slot buffers and their graphs (held while idle on CUDA, where graphs refer to them):
+        the engine is held, and the trainer beside it wants the memory."""
+        if self.slots is not None:
+            with self._using_model():
+                self.slots.release()
+
+    def decoding_stats(self) -> dict[str, Any]:
+        graphs = self.slots.graphs if self.slots is not None else None
+        return {
+            "decoding": self.decoding,
+            "cuda_graphs": graphs is not None and graphs.enabled,
+            "cuda_graphs_off_why": graphs.disabled_why if graphs is not None else None,
+            "graph_captures": graphs.captures if graphs is not None else 0,
+        }
 
     def load_adapter(self, name: str, path: str) -> list[str]:
         """Load (or replace) adapter `name`; return the names evicted to stay within max_loras."""
@@ -315,6 +356,7 @@ class HFServer:
                 evicted.append(next(iter(self.adapters)))
                 self._drop(evicted[-1])
             self.adapters[name] = _Adapter(internal, str(path), unmergeable_reason(self.peft, internal))
+            self._served_version += 1
             if self.merge_newest and self.is_newest(name):
                 self._retarget(name)  # now, while the trainer holds the engine, not in the next request
         return evicted
@@ -327,6 +369,7 @@ class HFServer:
 
     def _drop(self, name: str) -> None:
         self._unmerge()
+        self._served_version += 1
         if name == self._merge_name:
             self._merge = self._merge_name = None
         internal = self.adapters.pop(name).internal
@@ -365,6 +408,7 @@ class HFServer:
             return
         self._unmerge()
         self._merge = self._merge_name = None  # frees the old copy before the new one is built
+        self._served_version += 1
         start = time.perf_counter()
         try:
             self._merge, self._merge_name = MergedWeights(self.peft, adapter.internal), name
@@ -750,6 +794,7 @@ def create_app(
         except ClientGone:
             server.scheduler.release()  # the client gave up (e.g. timed out): nobody will release this hold
             raise
+        await asyncio.to_thread(server.free_decoding_memory)
         return {"held": True}
 
     @app.post("/artnb/release")
@@ -770,6 +815,7 @@ def create_app(
             "merged": server.merged,
             "merge_passes": server.merge_passes,
             "default_temperature": server.default_temperature,
+            **server.decoding_stats(),
         }
 
     return RequestGuard(
@@ -830,6 +876,19 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="serve each family's newest adapter merged into the base weights (default: on for CPU, off for CUDA)",
     )
+    parser.add_argument(
+        "--decoding",
+        choices=DECODINGS,
+        default="slots",
+        help="slots: fixed KV buffers (CUDA graphs on a GPU) where the model passes the start check, else "
+        "dynamic; dynamic: a growing cache (hf/slots.py says why)",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CUDA, replay slot decode steps as CUDA graphs",
+    )
     parser.add_argument("--parent-pid", type=int, default=os.getppid(), help="exit when this process dies")
     args = parser.parse_args(argv)
     if not args.api_key:
@@ -848,9 +907,13 @@ def main(argv: list[str] | None = None) -> None:
         merge_newest=args.merge_newest,
         chat_template=args.chat_template.read_text(encoding="utf-8") if args.chat_template else None,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
+        decoding=args.decoding,
+        cuda_graphs=args.cuda_graphs,
     )
+    graphs = " with CUDA graphs" if server.decoding_stats()["cuda_graphs"] else ""
     print(
-        f"artnb engine: {args.model} loaded on {server.base.device}; serving as {args.served_name!r}",
+        f"artnb engine: {args.model} loaded on {server.base.device}; serving as {args.served_name!r}; "
+        f"decoding: {server.decoding}{graphs}",
         flush=True,
     )
     uvicorn.run(
