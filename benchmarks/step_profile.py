@@ -10,7 +10,9 @@ A step is the gather (16 games: 2 groups of 8, each game up to five one-move cha
 Baseline: the whole step; each part is printed in seconds per step and as a share of it, averaged over the
 steps after the first (the first pays for warm-up).
 
-    python benchmarks/step_profile.py [--steps 4] [--engine auto|vllm|hf] [--no-merge]
+`--decoding slots|dynamic` picks the HF engine's decoding (hf/slots.py; the engine's default is slots).
+
+    python benchmarks/step_profile.py [--steps 4] [--engine auto|vllm|hf] [--no-merge] [--decoding slots|dynamic]
 """
 
 from __future__ import annotations
@@ -118,7 +120,9 @@ def server_split(before: dict[str, float], after: dict[str, float]) -> dict[str,
 async def run(args: argparse.Namespace) -> None:
     settings = art.tutorial.Settings(quick=False, path=args.path, groups_per_step=2, group_size=8)
     model = art.TrainableModel(name="profile", project="step-profile", base_model=settings.base_model)
-    options = {"merge_newest": False} if args.no_merge else {}
+    options: dict = {"merge_newest": False} if args.no_merge else {}
+    if args.decoding:
+        options["decoding"] = args.decoding
     artnb_log = logging.getLogger("artnb")
     artnb_log.setLevel(logging.DEBUG)
     phases = PhaseClock()
@@ -205,7 +209,8 @@ def report(steps: list[dict], engine: str, args: argparse.Namespace) -> None:
                 rows.append((f"    trainer {part}", mean(lambda s, p=part: s["trainer"].get(p, 0.0)), ""))
     print(
         f"\nstep profile: tic-tac-toe, 2 groups x 8 games, embedded model, {engine}, merge "
-        f"{'off' if args.no_merge else 'default'}; mean of {len(steps)} step(s) after the first"
+        f"{'off' if args.no_merge else 'default'}{f', decoding {args.decoding}' if args.decoding else ''}; "
+        f"mean of {len(steps)} step(s) after the first"
     )
     print(f"{'part':<38} {'s/step':>8} {'share':>7}  note")
     for name, seconds, note in rows:
@@ -220,7 +225,12 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
     parser.add_argument("--no-merge", action="store_true", help="serve the newest adapter as LoRA")
+    parser.add_argument(
+        "--decoding", choices=["slots", "dynamic"], help="the HF engine's decoding (default: the engine's)"
+    )
     parser.add_argument("--path", default="/tmp/artnb-step-profile")
     args = parser.parse_args()
+    if args.decoding and args.engine != "hf":
+        parser.error("--decoding is the HF engine's: pass --engine hf with it")
     shutil.rmtree(args.path, ignore_errors=True)
     asyncio.run(run(args))

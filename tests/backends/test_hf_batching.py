@@ -41,15 +41,11 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 def run(tiny, rows: list[Row], **kwargs) -> list[Row]:
     model, tokenizer, slots = tiny
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    if slots is not None:
+    if slots is not None:  # the module's decoder: its buffers go from test to test, as in an engine
         slots.begin(model, key="base")
-    try:
-        decode_batch(
-            model, rows, pad_id=0, eos_ids=[tokenizer.eos_token_id], decode=decode, slots=slots, **kwargs
-        )
-    finally:
-        if slots is not None:
-            slots.end()
+    decode_batch(
+        model, rows, pad_id=0, eos_ids=[tokenizer.eos_token_id], decode=decode, slots=slots, **kwargs
+    )
     return rows
 
 

@@ -29,8 +29,6 @@ def decode(model, tokenizer, rows, slots=None, **kwargs):
     if slots is not None:
         slots.begin(model, key="base")
     decode_batch(model, rows, pad_id=0, eos_ids=[tokenizer.eos_token_id], decode=text, slots=slots, **kwargs)
-    if slots is not None:
-        slots.end()
     return rows
 
 
@@ -56,24 +54,39 @@ def test_slots_decode_as_the_dynamic_cache_while_rows_join_leave_and_grow_past_t
     got = rows()
     decode(model, tokenizer, got[:4], slots, more=joining(got), max_rows=8)
     assert slots.allocations >= 3, "the buffers grew for more slots and for more columns"
-    assert slots.cache is None, "a CPU gives the buffers back between batches"
     for a, b in zip(expected, got, strict=True):
         assert a.token_ids == b.token_ids and len(a.token_ids) == a.max_tokens
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
 
 
-def test_a_decoder_serves_batch_after_batch_and_sizes_its_buffers_to_the_rows(qwen):
+def test_a_decoder_keeps_its_buffers_between_batches_and_grows_them_only_for_more_rows(qwen):
+    """An engine's batches come one after another on the same buffers: they are allocated once per growth, not
+    per batch, and what an earlier batch left in them (longer prompts, other slots) never reaches a later one's
+    tokens. A release (the engine held for training) frees them; they come back at their largest size."""
     model, tokenizer = qwen
+
+    def rows(n: int, words: int) -> list[Row]:
+        return [
+            Row(tokenizer(f"say {i}: " + "more " * (words + 3 * i)).input_ids, max_tokens=6, seed=10 * n + i)
+            for i in range(n)
+        ]
+
     slots = SlotDecoder(model)
-    for n in (1, 5, 2):
-        rows = [Row(tokenizer(f"say {i}").input_ids, max_tokens=4, seed=i) for i in range(n)]
-        slots.begin(model, key="base")
-        decode_batch(model, rows, pad_id=0, eos_ids=[-1], decode=lambda ids: "", slots=slots)
-        assert (
-            slots.cache is not None and slots.cache.slots == bucket(n) and slots.cache.columns == COLUMN_STEP
-        )
-        slots.end()
-        assert all(len(r.token_ids) == 4 for r in rows)
+    allocations = []
+    for n, words in ((1, 60), (5, 30), (2, 2), (3, 9)):  # later prompts shorter than what their slots held
+        expected = decode(model, tokenizer, rows(n, words), SlotDecoder(model))
+        got = decode(model, tokenizer, rows(n, words), slots)
+        allocations.append(slots.allocations)
+        for a, b in zip(expected, got, strict=True):
+            assert len(b.token_ids) == 6 and a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert allocations == [1, 2, 2, 2]
+    assert slots.cache is not None and (slots.cache.slots, slots.cache.columns) == (8, COLUMN_STEP)
+
+    slots.release()
+    assert slots.cache is None
+    decode(model, tokenizer, rows(1, 1), slots)
+    assert slots.cache is not None and (slots.cache.slots, slots.cache.columns) == (8, COLUMN_STEP)
+    assert slots.allocations == 3, "one allocation at the largest size, not one per growth"
     assert [bucket(n) for n in (1, 2, 3, 4, 5, 64, 65)] == [1, 2, 4, 4, 8, 64, 128]
 
 

@@ -338,10 +338,8 @@ class _SlotBatch(_Rows):
             first = len(self.rows)
             self._reserve(self.rows + chunk)
             layers = _kv_layers(new.cache)
-            keys = torch.stack([layer.keys for layer in layers])  # [layers, rows, kv_heads, width, head_dim]
-            values = torch.stack([layer.values for layer in layers])
             for i, row in enumerate(chunk):
-                self.slots.load(first + i, keys[:, i], values[:, i], len(row.prompt_ids))
+                self.slots.load(first + i, layers, i, len(row.prompt_ids))
             self._append(chunk, new.logits)
 
     def keep(self, keep: list[int], tokens: torch.Tensor) -> None:

@@ -282,26 +282,22 @@ class HFServer:
             join = None if more is None else (lambda n: [] if self._model_waiters else more(n))
             if self.slots is not None:
                 self.slots.begin(model, key=(name, self.merged, self._served_version))
-            try:
-                with context:
-                    decode_batch(
-                        model,
-                        rows,
-                        pad_id=self.pad_id,
-                        eos_ids=self.eos_ids,
-                        decode=decode,
-                        more=join,
-                        max_rows=self.max_batch_size,
-                        on_finish=on_finish,
-                        slots=self.slots,
-                    )
-            finally:
-                if self.slots is not None:
-                    self.slots.end()
+            with context:
+                decode_batch(
+                    model,
+                    rows,
+                    pad_id=self.pad_id,
+                    eos_ids=self.eos_ids,
+                    decode=decode,
+                    more=join,
+                    max_rows=self.max_batch_size,
+                    on_finish=on_finish,
+                    slots=self.slots,
+                )
 
     def free_decoding_memory(self) -> None:
-        """Give back the slot buffers and their graphs (held while idle on CUDA, where graphs refer to them):
-        the engine is held, and the trainer beside it wants the memory."""
+        """Give back the slot buffers and their graphs (kept between batches): the engine is held, and the
+        trainer beside it wants the memory."""
         if self.slots is not None:
             with self._using_model():
                 self.slots.release()

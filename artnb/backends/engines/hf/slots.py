@@ -16,10 +16,13 @@ batching ran at 0.21-0.26x `generate` on the same H100. Design choices:
 - Rows that finish give their slot to the last live row (one copy per buffer for all layers), so live rows are
   always slots `0..n-1`. On CUDA a step runs the first `bucket(n)` slots over all columns: a power of two, so a
   graph captured once per bucket serves every batch size (spare slots compute garbage nobody reads). On a CPU,
-  where nothing is captured, a step reads only the `n` live rows and the columns in use, and the buffers are
-  freed when a batch ends.
+  where nothing is captured, a step reads only the `n` live rows and the columns in use.
 - The buffers grow (slots in powers of two, columns by doubling towards what the rows may need) and are
-  re-allocated only then; rows keep their contents.
+  re-allocated only then; rows keep their contents. They stay from batch to batch (an RL loop's batches are
+  alike, and allocating and zeroing them for each cost a CPU as much as it saved); a hold for training frees
+  them, and the next batch allocates them at the largest size they had, at once.
+- A prefill is copied row by row, layer by layer, from the prefill's cache into the row's slot: one copy of
+  each prompt's keys and values.
 - Attention: for a one-token query, the query heads that share a key/value head are laid out as that head's
   queries (`[B, kv_heads, group, head_dim]`), so scaled-dot-product attention reads each key and value once;
   transformers' SDPA path with a mask repeats them `group` times (6x for Qwen2.5-1.5B) at every step.
@@ -42,7 +45,7 @@ cache and `generate`), not yet run on one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -129,7 +132,7 @@ class SlotCache(Cache):
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)  # where each slot writes next
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)  # each slot's next input
         self.slots, self.columns = slots, columns
-        self.rows, self.width = slots, columns  # what a step reads: its slots, and its columns from the first
+        self.width = columns  # the columns a step reads, from the first
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows, heads, _, dim = key.shape
@@ -138,9 +141,6 @@ class SlotCache(Cache):
         keys.scatter_(2, index, key)
         values.scatter_(2, index, value)
         return keys[:, :, : self.width], values[:, :, : self.width]
-
-    def nbytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
 
 
 class StepGraphs:
@@ -186,8 +186,8 @@ class SlotDecoder:
     """The slot buffers of one engine and the graphs over them; the decoding thread's alone.
 
     `begin(model, key)` starts a batch on `model`, `key` naming what it serves (another key drops the graphs);
-    `reserve`, `load`, `move` and `step` are what a batch of rows (hf/batching.py `_SlotBatch`) does with them;
-    `end()` after the batch, `release()` to give the memory back (the engine is held for training).
+    `reserve`, `load`, `move` and `step` are what a batch of rows (hf/batching.py `_SlotBatch`) does with them.
+    The buffers stay for the next batch; `release()` gives the memory back (the engine is held for training).
     """
 
     def __init__(self, model: Any, *, graphs: bool | None = None):
@@ -203,15 +203,12 @@ class SlotDecoder:
         self.model: Any = None
         self.key: Any = None
         self.allocations = 0  # buffers allocated so far (each growth is one)
+        self.largest = (1, 0)  # the most slots and columns the buffers had: their size after a release
 
     def begin(self, model: Any, key: Any) -> None:
         if model is not self.model or key != self.key:
             self.graphs.drop()
         self.model, self.key = model, key
-
-    def end(self) -> None:
-        if not self.graphs.enabled:
-            self.cache = None  # nothing captured refers to them: a CPU frees them between batches
 
     def release(self) -> None:
         self.graphs.drop()
@@ -224,8 +221,8 @@ class SlotDecoder:
         """Make room for `rows` live rows and `columns` columns (growing towards `most_columns`, what the rows
         may need at most), keeping the live rows' contents. `rows` counts the rows already in the slots."""
         cache = self.cache
-        slots = max(bucket(rows), cache.slots if cache else 1)
-        width = cache.columns if cache else 0
+        slots = max(bucket(rows), cache.slots if cache else self.largest[0])
+        width = cache.columns if cache else self.largest[1]
         if cache is not None and slots == cache.slots and columns <= width:
             return
         if columns > width:
@@ -243,13 +240,16 @@ class SlotDecoder:
         self.graphs.drop()
         self.cache = new
         self.allocations += 1
+        self.largest = (max(self.largest[0], slots), max(self.largest[1], width))
 
-    def load(self, slot: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
-        """Put a prefilled row in `slot`: keys/values [layers, kv_heads, >=length, head_dim], the last `length`
-        columns its prompt's."""
+    def load(self, slot: int, layers: Sequence[Any], row: int, length: int) -> None:
+        """Put row `row` of a prefill in `slot`: `layers` are the prefill cache's layers (keys and values
+        [rows, kv_heads, width, head_dim], left-padded), the last `length` columns the row's prompt."""
         cache = self._cache()
-        cache.keys[:, slot, :, :length] = keys[:, :, keys.shape[2] - length :]
-        cache.values[:, slot, :, :length] = values[:, :, values.shape[2] - length :]
+        for index, layer in enumerate(layers):
+            start = layer.keys.shape[2] - length
+            cache.keys[index, slot, :, :length] = layer.keys[row, :, start:]
+            cache.values[index, slot, :, :length] = layer.values[row, :, start:]
         cache.mask[slot] = False
         cache.mask[slot, :length] = True
         cache.positions[slot] = length
@@ -276,7 +276,6 @@ class SlotDecoder:
 
     def _forward(self, rows: int) -> torch.Tensor:
         cache = self._cache()
-        cache.rows = rows
         positions = cache.positions[:rows]
         cache.mask[:rows].scatter_(1, positions[:, None], True)
         with _attention(self.model, ATTENTION):
