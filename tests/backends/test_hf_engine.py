@@ -380,6 +380,23 @@ async def test_hold_waits_for_in_flight_and_queues_new_requests(engine, client, 
     await engine.unload_adapter("policy@2")
 
 
+async def test_the_slot_buffers_stay_between_requests_and_a_hold_frees_them_for_the_trainer(engine, client):
+    """The engine keeps its decoding buffers from one batch to the next (no allocation per request); a hold
+    gives the memory back to the trainer beside it, and the next request gets the buffers at their largest."""
+    await chat(client, n=4, max_tokens=4)
+    kept = (await engine.stats())["slot_buffers"]
+    assert kept is not None and kept["slots"] >= 4
+    await chat(client, max_tokens=4)
+    assert (await engine.stats())["slot_buffers"] == kept
+    await engine.hold()
+    try:
+        assert (await engine.stats())["slot_buffers"] is None
+    finally:
+        await engine.release()
+    await chat(client, max_tokens=4)
+    assert (await engine.stats())["slot_buffers"] == kept
+
+
 async def test_concurrent_requests_share_batches(engine, client):
     before = await engine.stats()
     await asyncio.gather(*[chat(client, max_tokens=16) for _ in range(8)])

@@ -304,8 +304,11 @@ class HFServer:
 
     def decoding_stats(self) -> dict[str, Any]:
         graphs = self.slots.graphs if self.slots is not None else None
+        cache = self.slots.cache if self.slots is not None else None
         return {
             "decoding": self.decoding,
+            # the slot buffers' size while they are held (between batches too), None once freed by a hold
+            "slot_buffers": None if cache is None else {"slots": cache.slots, "columns": cache.columns},
             "cuda_graphs": graphs is not None and graphs.enabled,
             "cuda_graphs_off_why": graphs.disabled_why if graphs is not None else None,
             "graph_captures": graphs.captures if graphs is not None else 0,

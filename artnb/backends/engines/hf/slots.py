@@ -36,10 +36,11 @@ batching ran at 0.21-0.26x `generate` on the same H100. Design choices:
   from the slots and from the dynamic cache, rows joining and leaving, graphs replayed on CUDA, the same logprobs
   within the dtype's rounding. Every other model decodes from the dynamic cache, and the engine's log says why.
 
-Measured on a 2-core CPU (benchmarks/engine_batching.py, README "Engines"): as fast as the dynamic cache on
-short prompts and faster on long ones, where the dynamic cache's per-step copies grow with the context. On a
-GPU: measured by `benchmarks/gpu_check.py --only rollouts` (the slots with and without graphs, the dynamic
-cache and `generate`), not yet run on one.
+Measured on a 2-core CPU, against the dynamic cache (README "Engines"): the decoding loop alone 1.03-1.08x
+(benchmarks/slot_decoding.py), the engine with 659-token prompts 1.59x `generate` where the dynamic cache made
+1.13x (its per-step copies grow with the context; benchmarks/engine_batching.py --history 600). On a GPU:
+measured by `benchmarks/gpu_check.py --only rollouts` (the slots with and without graphs, the dynamic cache and
+`generate`), not yet run on one.
 """
 
 from __future__ import annotations
