@@ -19,7 +19,7 @@ batching ran at 0.21-0.26x `generate` on the same H100. Design choices:
   where nothing is captured, a step reads only the `n` live rows and the columns in use.
 - The buffers grow (slots in powers of two, columns by doubling towards what the rows may need) and are
   re-allocated only then; rows keep their contents. They stay from batch to batch (an RL loop's batches are
-  alike, and allocating and zeroing them for each cost a CPU as much as it saved); a hold for training frees
+  alike, so allocating and zeroing them again for each would be work for nothing); a hold for training frees
   them, and the next batch allocates them at the largest size they had, at once.
 - A prefill is copied row by row, layer by layer, from the prefill's cache into the row's slot: one copy of
   each prompt's keys and values.
