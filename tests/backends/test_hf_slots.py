@@ -67,7 +67,12 @@ def test_a_decoder_keeps_its_buffers_between_batches_and_grows_them_only_for_mor
 
     def rows(n: int, words: int) -> list[Row]:
         return [
-            Row(tokenizer(f"say {i}: " + "more " * (words + 3 * i)).input_ids, max_tokens=6, seed=10 * n + i)
+            Row(
+                tokenizer(f"say {i}: " + "more " * (words + 3 * i)).input_ids,
+                max_tokens=6,
+                min_tokens=6,
+                seed=10 * n + i,
+            )
             for i in range(n)
         ]
 
