@@ -40,6 +40,7 @@ from typing import Any, cast
 from openai.types.chat.chat_completion import Choice
 from transformers import AddedToken, PreTrainedTokenizerBase
 
+from .chat_messages import template_message
 from .grpo import group_advantages
 from .ignored import warn_user
 from .metric_names import std_of
@@ -50,7 +51,6 @@ from .trajectory import (
     TrajectoryGroup,
     check_trajectories,
     choice_to_message,
-    template_message,
 )
 
 NAN = float("nan")

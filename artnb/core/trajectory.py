@@ -93,31 +93,6 @@ def _field_names(model: type[BaseModel]) -> set[str]:
     return names
 
 
-def template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI message as chat templates expect it: text content (None as "", a list of parts as its text),
-    tool-call arguments as dicts. The HF engine renders requests with it and the trainer the history, so both
-    render a message alike (vLLM parses tool-call arguments too)."""
-    message = dict(message)
-    content = message.get("content")
-    if content is None:
-        message["content"] = ""
-    elif isinstance(content, list):
-        message["content"] = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    if message.get("tool_calls"):
-        calls = []
-        for call in message["tool_calls"]:
-            call = json.loads(json.dumps(call))
-            function = call.get("function", {})
-            if isinstance(function.get("arguments"), str):
-                try:
-                    function["arguments"] = json.loads(function["arguments"])
-                except json.JSONDecodeError:
-                    pass
-            calls.append(call)
-        message["tool_calls"] = calls
-    return message
-
-
 def choice_to_message(choice: Choice) -> Message:
     """The assistant message dict a Choice stands for, as the next request's history needs it."""
     msg = choice.message

@@ -517,3 +517,18 @@ async def test_stop_leaves_no_process(engine):
     pid = engine.pid
     await engine.stop()
     assert not engine.alive() and gone(pid)
+
+
+def test_the_engine_server_starts_without_the_openai_sdk():
+    # An engine starts at every register and restart; the SDK's types were 1.5 s of its 11 s of imports.
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, artnb.backends.engines.hf.server; print('openai' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.strip() == "False"

@@ -16,10 +16,11 @@ from transformers import AutoTokenizer
 
 import artnb.models
 from artnb.backends.model_setup import model_tokenizer
+from artnb.core.chat_messages import template_message
 from artnb.core.grpo import group_advantages
 from artnb.core.sft import TrainSFTConfig, tokenize_sft
 from artnb.core.tokenize import TokenizedSequence, tokenize_groups, tokenize_trajectory
-from artnb.core.trajectory import History, Trajectory, TrajectoryGroup, template_message
+from artnb.core.trajectory import History, Trajectory, TrajectoryGroup
 from artnb.dev.settings import resolve_internal_config
 
 TOOLS = [

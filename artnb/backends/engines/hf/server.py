@@ -105,8 +105,8 @@ from artnb.backends.engines.hf.slots import SlotDecoder
 from artnb.backends.engines.hf.streaming import ChunkStream
 from artnb.backends.engines.merged_weights import MergedWeights, unmergeable_reason
 from artnb.backends.engines.tool_calls import call_schema
+from artnb.core.chat_messages import template_message  # as the trainer renders a history's messages
 from artnb.core.names import check_adapter_name, from_art_step
-from artnb.core.trajectory import template_message  # as the trainer renders a history's messages
 
 T = TypeVar("T")
 
