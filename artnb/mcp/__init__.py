@@ -59,10 +59,14 @@ __all__ = [
 
 def __getattr__(name: str):
     import importlib
+    import importlib.util
 
-    if name not in _EXPORTS:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # a submodule: art.mcp.agent.SYSTEM
+    else:
         raise AttributeError(f"module 'artnb.mcp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
 

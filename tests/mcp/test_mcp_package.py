@@ -24,3 +24,12 @@ def test_evaluate_and_generate_scenarios_stay_functions_after_their_modules_are_
         "GeneratedScenario, sorted(set(art.mcp.__all__) - set(dir(art.mcp))))"
     )
     assert out.strip() == "True True True []"
+
+
+def test_submodules_are_attributes_as_before():
+    out = _run("import artnb as art; print(bool(art.mcp.agent.SYSTEM), art.mcp.types.MCPTool.__name__)")
+    assert out.strip() == "True MCPTool"  # the MCP tutorial's rollout reads art.mcp.agent.SYSTEM
+    missing = subprocess.run(
+        [sys.executable, "-c", "import artnb as art; art.mcp.no_such_name"], capture_output=True, text=True
+    )
+    assert "module 'artnb.mcp' has no attribute 'no_such_name'" in missing.stderr
